@@ -1,0 +1,170 @@
+"""The bundle manifest: the one contract between export and runtime.
+
+A bundle is a directory:
+
+    manifest.json                   this file's schema (format_version 1)
+    tokenizer/tokenizer.json        the tokenizer (HF tokenizers format)
+    onnx/model.onnx[, .onnx_data]   the deployed (quantized) decoder graph
+    tasks/NAME.onnx.safetensors     per task: per-layer K/V of its prefix + the prefix ids
+
+Every backend has a *fingerprint*: the sha256 of everything a baked prefix depends on (model
+file hashes, architecture, layers, KV heads, head dim, RoPE, vocab, tokenizer and chat-template
+hashes, KV dtype). Each prefix file carries the fingerprint it was baked against in its
+safetensors metadata; the runtime recomputes the fingerprint from the files it is about to run
+and refuses a prefix whose fingerprint differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PrefixEdgeError
+
+FORMAT = "prefix-edge-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class ModelInfo:
+    architecture: str
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    n_ctx: int
+    rope: dict[str, Any]
+    eos_token_ids: list[int]
+    source: str
+
+
+@dataclass
+class TokenizerInfo:
+    file: str
+    sha256: str
+    chat_template_sha256: str | None
+
+
+@dataclass
+class BackendInfo:
+    files: dict[str, str]  # relative path -> sha256
+    kv_dtype: str
+    quantization: str
+    fingerprint: str = ""
+
+
+@dataclass
+class TaskPrefixFile:
+    file: str
+    sha256: str
+    bytes: int
+    fingerprint: str
+
+
+@dataclass
+class TaskInfo:
+    kind: str
+    chat: bool
+    prefix_tokens: int
+    input_before: str
+    input_after: str
+    template: str
+    defaults: dict[str, Any]
+    prefixes: dict[str, TaskPrefixFile]  # backend -> file
+
+
+@dataclass
+class Manifest:
+    model: ModelInfo
+    tokenizer: TokenizerInfo
+    backends: dict[str, BackendInfo]
+    tasks: dict[str, TaskInfo]
+    created_by: str = ""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- fingerprint ----------------------------------------------------------------------
+    def fingerprint(self, backend: str, file_hashes: dict[str, str] | None = None) -> str:
+        """What a baked prefix for `backend` depends on. `file_hashes` overrides the recorded
+        model file hashes (the runtime passes the hashes of the files actually on disk)."""
+        b = self.backends[backend]
+        m = self.model
+        doc = {
+            "format_version": self.format_version,
+            "backend": backend,
+            "model_files": dict(sorted((file_hashes or b.files).items())),
+            "architecture": m.architecture,
+            "n_layers": m.n_layers,
+            "n_kv_heads": m.n_kv_heads,
+            "head_dim": m.head_dim,
+            "vocab_size": m.vocab_size,
+            "rope": m.rope,
+            "tokenizer": self.tokenizer.sha256,
+            "chat_template": self.tokenizer.chat_template_sha256,
+            "kv_dtype": b.kv_dtype,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    # -- (de)serialisation ----------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"
+
+    def write(self, bundle_dir: Path) -> None:
+        (Path(bundle_dir) / MANIFEST).write_text(self.to_json(), encoding="utf-8")
+
+    @classmethod
+    def read(cls, bundle_dir: str | Path) -> "Manifest":
+        bundle_dir = Path(bundle_dir)
+        path = bundle_dir / MANIFEST
+        if not bundle_dir.is_dir():
+            raise PrefixEdgeError(f"no bundle at {bundle_dir}: directory not found")
+        if not path.is_file():
+            raise PrefixEdgeError(f"{bundle_dir} is not a prefix-edge bundle: {MANIFEST} not found")
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise PrefixEdgeError(f"{path}: manifest is not valid JSON: {e}") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise PrefixEdgeError(f"{path}: not a prefix-edge manifest")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise PrefixEdgeError(
+                f"{path}: bundle format version {d.get('format_version')} is not supported by this "
+                f"prefix-edge (reads version {FORMAT_VERSION}); re-export the bundle")
+        try:
+            return cls(
+                model=ModelInfo(**d["model"]),
+                tokenizer=TokenizerInfo(**d["tokenizer"]),
+                backends={k: BackendInfo(**v) for k, v in d["backends"].items()},
+                tasks={k: TaskInfo(**{**v, "prefixes": {b: TaskPrefixFile(**p) for b, p in v["prefixes"].items()}})
+                       for k, v in d["tasks"].items()},
+                created_by=d.get("created_by", ""),
+                extra=d.get("extra", {}),
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise PrefixEdgeError(f"{path}: manifest is malformed ({type(e).__name__}: {e})") from None
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(root: Path, rel_paths) -> dict[str, str]:
+    out = {}
+    for rel in rel_paths:
+        p = root / rel
+        if not p.is_file():
+            raise PrefixEdgeError(f"bundle {root}: model file {rel} is missing")
+        out[rel] = sha256_file(p)
+    return out

@@ -1,0 +1,40 @@
+"""The `prefix-edge` command. Every PrefixEdgeError becomes one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import PrefixEdgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Run task-specialised language models with precomputed KV prefixes.")
+
+
+def _register() -> None:
+    from . import export, inspect, run  # noqa: F401  (each module adds its commands to `app`)
+
+
+def main(argv: list[str] | None = None) -> None:
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except PrefixEdgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    except Exception as e:  # click usage errors and the like
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise

@@ -1,0 +1,33 @@
+"""`prefix-edge export`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+@app.command()
+def export(
+    model: Optional[Path] = typer.Argument(None, help="HF model dir or .gguf file (default: the embedded SmolLM2-135M-Instruct)."),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help="Task file (TOML). Default with no MODEL: the demo tasks."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Bundle dir (default: the default bundle under $PREFIX_EDGE_HOME)."),
+    format: str = typer.Option("onnx", "--format", help="Comma-separated backends to build: onnx."),
+    quantize: str = typer.Option("int4", "--quantize", help="ONNX weights: none | int8 | int4."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
+) -> None:
+    """Export a model and its tasks into a bundle with precomputed task prefixes."""
+    from ..export.build import export_bundle
+    from ..paths import default_bundle
+
+    if out is None:
+        out = default_bundle()
+        force = force or model is None  # the default bundle is rebuilt in place
+    manifest = export_bundle(model, tasks, out, formats=[f.strip() for f in format.split(",") if f.strip()],
+                             quantize=quantize, force=force)
+    typer.echo(f"bundle written to {out}")
+    typer.echo(json.dumps({n: t.prefix_tokens for n, t in manifest.tasks.items()}) + " prefix tokens")

@@ -1,0 +1,71 @@
+"""`prefix-edge tasks` and `prefix-edge inspect`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+
+def _manifest(bundle: Optional[Path]):
+    from ..bundle import Manifest
+    from ..errors import PrefixEdgeError
+    from ..paths import default_bundle
+
+    root = bundle or default_bundle()
+    if bundle is None and not (root / "manifest.json").is_file():
+        raise PrefixEdgeError(f"no default bundle at {root}; create it with: prefix-edge export")
+    return root, Manifest.read(root)
+
+
+@app.command("tasks")
+def tasks_cmd(bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted).")) -> None:
+    """List a bundle's tasks with prefix lengths and sizes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    _, m = _manifest(bundle)
+    table = Table("task", "kind", "chat", "prefix tokens", "backends", "size")
+    for name, t in sorted(m.tasks.items()):
+        size = sum(p.bytes for p in t.prefixes.values())
+        table.add_row(name, t.kind, str(t.chat), str(t.prefix_tokens), ",".join(t.prefixes),
+                      f"{size / 1e6:.2f} MB")
+    Console().print(table)
+
+
+@app.command()
+def inspect(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest summary as JSON."),
+) -> None:
+    """Print a bundle's manifest summary: model, fingerprint, backends, tasks."""
+    root, m = _manifest(bundle)
+    summary = {
+        "bundle": str(root),
+        "format_version": m.format_version,
+        "created_by": m.created_by,
+        "model": asdict(m.model),
+        "tokenizer": asdict(m.tokenizer),
+        "backends": {k: {**asdict(b), "bytes": sum((root / f).stat().st_size for f in b.files if (root / f).exists())}
+                     for k, b in m.backends.items()},
+        "tasks": {k: {"kind": t.kind, "prefix_tokens": t.prefix_tokens,
+                      "bytes": sum(p.bytes for p in t.prefixes.values())} for k, t in m.tasks.items()},
+        "extra": m.extra,
+    }
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    mi = m.model
+    typer.echo(f"bundle     {root}  (format v{m.format_version}, {m.created_by})")
+    typer.echo(f"model      {mi.source}: {mi.architecture}, {mi.n_layers} layers, {mi.n_heads} heads / "
+               f"{mi.n_kv_heads} KV heads × {mi.head_dim}, vocab {mi.vocab_size}, context {mi.n_ctx}")
+    for k, b in summary["backends"].items():
+        typer.echo(f"backend    {k}: {b['quantization']}, KV {b['kv_dtype']}, {b['bytes'] / 1e6:.1f} MB, "
+                   f"fingerprint {b['fingerprint'][:16]}")
+    for k, t in sorted(summary["tasks"].items()):
+        typer.echo(f"task       {k}: {t['kind']}, {t['prefix_tokens']} prefix tokens, {t['bytes'] / 1e6:.2f} MB")

@@ -1,0 +1,62 @@
+"""`prefix-edge run --task NAME [INPUT]`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import PrefixEdgeError
+from . import app
+
+
+def read_input(text: Optional[str]) -> str:
+    if text is not None and text != "-":
+        return text
+    if sys.stdin is None or sys.stdin.isatty():
+        raise PrefixEdgeError("no input: pass INPUT or pipe it on stdin")
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PrefixEdgeError(f"stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+
+
+@app.command()
+def run(
+    input: Optional[str] = typer.Argument(None, help="The user's input (default: read stdin)."),
+    task: str = typer.Option(..., "--task", "-t", help="Task name (see `prefix-edge tasks`)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
+    backend: str = typer.Option("onnx", "--backend", help="onnx | auto."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | auto."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (default: the engine's choice)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy."),
+    top_p: Optional[float] = typer.Option(None, "--top-p"),
+    top_k: Optional[int] = typer.Option(None, "--top-k"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
+) -> None:
+    """Run one task on INPUT, decoding from the task's baked prefix."""
+    from ..runtime.generate import Runtime
+
+    text = read_input(input)
+    opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                use_prefix_cache=not no_prefix_cache)
+    with Runtime.open(bundle, backend=backend, device=device, threads=threads) as rt:
+        if as_json:
+            r = rt.generate(task, text, **opts)
+            keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",
+                    "generated_tokens", "finish_reason")
+            stats = {k: getattr(r.stats, k) for k in keys}
+            typer.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": stats}, ensure_ascii=False))
+            return
+        out = sys.stdout
+        for chunk in rt.stream(task, text, **opts):
+            out.write(chunk)
+            out.flush()
+        out.write("\n")

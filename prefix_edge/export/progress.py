@@ -1,0 +1,35 @@
+"""Progress display for export stages (rich, on stderr)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+class Stages:
+    def __init__(self, enabled: bool = True):
+        self.console = Console(stderr=True)
+        self.enabled = enabled
+        self.timings: dict[str, float] = {}
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
+                                  disable=not enabled, transient=False)
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._progress.__exit__(*exc)
+
+    @contextlib.contextmanager
+    def stage(self, description: str, total: int = 1):
+        """A stage with `total` steps; yields an `advance()` callable."""
+        tid = self._progress.add_task(description, total=total)
+        t0 = time.perf_counter()
+        yield lambda n=1: self._progress.advance(tid, n)
+        self._progress.update(tid, completed=total)
+        self.timings[description] = round(time.perf_counter() - t0, 2)

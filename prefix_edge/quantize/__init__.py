@@ -1,0 +1,1 @@
+"""Model quantization, one function per target."""

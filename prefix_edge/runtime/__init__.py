@@ -1,0 +1,1 @@
+"""The runtime: opens a bundle and generates. Imports no torch / transformers / optimum."""

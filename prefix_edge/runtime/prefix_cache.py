@@ -1,0 +1,65 @@
+"""PrefixCache: loads task prefixes from a bundle, checks their fingerprint, keeps the most
+recently used ones in memory (LRU)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+from ..bundle import Manifest
+from ..errors import PrefixEdgeError
+from .backend import Backend, Prefix
+
+
+class PrefixCache:
+    def __init__(self, root: Path, manifest: Manifest, backend: Backend, fingerprint: str,
+                 capacity: int = 4):
+        self.root, self.manifest, self.backend = root, manifest, backend
+        self.fingerprint = fingerprint
+        self.capacity = max(0, capacity)
+        self._lru: OrderedDict[str, Prefix] = OrderedDict()
+
+    def _file(self, task: str) -> tuple[Path, int]:
+        info = self.manifest.tasks[task]
+        entry = info.prefixes.get(self.backend.name)
+        if entry is None:
+            raise PrefixEdgeError(f"task '{task}' has no baked prefix for the {self.backend.name} backend")
+        if entry.fingerprint != self.fingerprint:
+            raise PrefixEdgeError(
+                f"task '{task}': the manifest records its prefix as baked for another model "
+                f"(fingerprint {entry.fingerprint[:12]} vs {self.fingerprint[:12]}); re-export the bundle")
+        path = self.root / entry.file
+        if not path.is_file():
+            raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} is missing from the bundle")
+        return path, info.prefix_tokens
+
+    def get(self, task: str) -> tuple[Prefix, bool]:
+        """The task's prefix and whether it was already in memory."""
+        if task in self._lru:
+            self._lru.move_to_end(task)
+            return self._lru[task], True
+        path, n = self._file(task)
+        prefix = self.backend.load_prefix(path)
+        got = prefix.metadata.get("fingerprint", "")
+        if got != self.fingerprint:
+            raise PrefixEdgeError(
+                f"task '{task}': prefix {path.name} was baked for a different model "
+                f"(fingerprint {got[:12] or 'none'} vs this bundle's {self.fingerprint[:12]}); "
+                "re-export the bundle")
+        if len(prefix.ids) != n:
+            raise PrefixEdgeError(f"task '{task}': prefix has {len(prefix.ids)} tokens, manifest says {n}")
+        if self.capacity:
+            self._lru[task] = prefix
+            while len(self._lru) > self.capacity:
+                self._lru.popitem(last=False)
+        return prefix, False
+
+    def ids(self, task: str):
+        """Only the prefix token ids (for prefilling the prefix instead of loading it)."""
+        if task in self._lru:
+            return self._lru[task].ids
+        path, _ = self._file(task)
+        return self.backend.read_prefix_ids(path)
+
+    def clear(self) -> None:
+        self._lru.clear()

@@ -1,0 +1,222 @@
+"""Task files (TOML) → TaskSpec, and rendering a task into prefix text + input wrapper.
+
+A task file holds one table per task:
+
+    [task.support]
+    kind = "text"
+    system = "You are ..."
+    examples = [{user = "...", assistant = "..."}]
+    template = "Ticket: {input}"
+    max_tokens = 128
+
+Rendering happens once, at export. The runtime receives the prefix token ids and the two
+strings that wrap a user's input (``input_before`` + template(input) + ``input_after``), so it
+needs no template engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PrefixEdgeError
+
+GEN_KEYS = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "seed": int,
+    "stop": list,
+}
+TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
+KINDS = {"text", "peft"}
+_SENTINEL = "\u2063PREFIX_EDGE_INPUT\u2063"
+
+
+@dataclass(frozen=True)
+class Example:
+    user: str
+    assistant: str
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    kind: str = "text"
+    system: str | None = None
+    examples: tuple[Example, ...] = ()
+    prefix: str | None = None
+    template: str = "{input}"
+    chat: bool | None = None  # None: decided by whether the tokenizer has a chat template
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    """What a task becomes once rendered for one tokenizer."""
+
+    prefix_text: str
+    input_before: str
+    input_after: str
+    template: str
+    chat: bool
+
+
+def _err(path: Path, task: str | None, key: str | None, msg: str) -> PrefixEdgeError:
+    where = f"{path}"
+    if task is not None:
+        where += f": task '{task}'"
+    if key is not None:
+        where += f": key '{key}'"
+    return PrefixEdgeError(f"{where}: {msg}")
+
+
+def _check_type(path: Path, task: str, key: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is int and isinstance(value, bool) or not isinstance(value, typ):
+        raise _err(path, task, key, f"expected {typ.__name__}, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def load_tasks(path: str | Path) -> list[TaskSpec]:
+    """Parse and validate a task file. Every problem names the file, the task and the key."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PrefixEdgeError(f"{path}: task file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise PrefixEdgeError(f"{path}: not a valid TOML file: {e}") from None
+    extra = set(data) - {"task"}
+    if extra:
+        raise _err(path, None, sorted(extra)[0], "unknown top-level key (tasks go in [task.NAME] tables)")
+    tables = data.get("task")
+    if not isinstance(tables, dict) or not tables:
+        raise _err(path, None, None, "no tasks: add at least one [task.NAME] table")
+    return [_parse_task(path, name, table) for name, table in tables.items()]
+
+
+def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
+    if not isinstance(t, dict):
+        raise _err(path, name, None, "must be a table")
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise _err(path, name, None, "task names may use letters, digits, '-' and '_' only")
+    for key in t:
+        if key not in TEXT_KEYS:
+            raise _err(path, name, key, f"unknown key (allowed: {', '.join(sorted(TEXT_KEYS))})")
+    kind = _check_type(path, name, "kind", t.get("kind", "text"), str)
+    if kind not in KINDS:
+        raise _err(path, name, "kind", f"must be one of {sorted(KINDS)}, got {kind!r}")
+    if kind == "peft":
+        raise _err(path, name, "kind", "'peft' tasks (trained prefixes) are not supported yet")
+    system = t.get("system")
+    if system is not None:
+        _check_type(path, name, "system", system, str)
+    prefix = t.get("prefix")
+    if prefix is not None:
+        _check_type(path, name, "prefix", prefix, str)
+    examples = []
+    for i, ex in enumerate(_check_type(path, name, "examples", t.get("examples", []), list)):
+        if not isinstance(ex, dict) or set(ex) != {"user", "assistant"}:
+            raise _err(path, name, f"examples[{i}]", "must be a table with exactly 'user' and 'assistant'")
+        for k in ("user", "assistant"):
+            _check_type(path, name, f"examples[{i}].{k}", ex[k], str)
+        examples.append(Example(ex["user"], ex["assistant"]))
+    if prefix is not None and (system is not None or examples):
+        raise _err(path, name, "prefix", "give either 'prefix' (raw text) or 'system'/'examples', not both")
+    if prefix is None and system is None and not examples:
+        raise _err(path, name, "prefix", "missing: a text task needs 'system', 'examples' or 'prefix'")
+    template = _check_type(path, name, "template", t.get("template", "{input}"), str)
+    if template.count("{input}") != 1:
+        raise _err(path, name, "template", "must contain '{input}' exactly once")
+    chat = t.get("chat")
+    if chat is not None:
+        _check_type(path, name, "chat", chat, bool)
+    if prefix is not None and chat:
+        raise _err(path, name, "chat", "a raw 'prefix' cannot be used with chat = true")
+    if prefix is not None:
+        chat = False
+    defaults: dict[str, Any] = {}
+    for key, typ in GEN_KEYS.items():
+        if key in t:
+            defaults[key] = _check_type(path, name, key, t[key], typ)
+    for i, s in enumerate(defaults.get("stop", [])):
+        if not isinstance(s, str) or not s:
+            raise _err(path, name, f"stop[{i}]", "stop entries must be non-empty strings")
+    try:
+        check_generation(defaults)
+    except PrefixEdgeError as e:
+        raise _err(path, name, None, str(e)) from None
+    return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults)
+
+
+def check_generation(opts: dict[str, Any]) -> None:
+    """Range checks shared by task files, the CLI and the Python API."""
+    if opts.get("max_tokens") is not None and opts["max_tokens"] < 1:
+        raise PrefixEdgeError(f"max_tokens must be >= 1, got {opts['max_tokens']}")
+    if opts.get("temperature") is not None and opts["temperature"] < 0:
+        raise PrefixEdgeError(f"temperature must be >= 0, got {opts['temperature']}")
+    if opts.get("top_p") is not None and not 0 < opts["top_p"] <= 1:
+        raise PrefixEdgeError(f"top_p must be in (0, 1], got {opts['top_p']}")
+    if opts.get("top_k") is not None and opts["top_k"] < 0:
+        raise PrefixEdgeError(f"top_k must be >= 0 (0 = off), got {opts['top_k']}")
+
+
+def fill_template(template: str, text: str) -> str:
+    return template.replace("{input}", text, 1)
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+def render_chat(chat_template: str, messages: list[dict], add_generation_prompt: bool,
+                special: dict[str, str]) -> str:
+    """Render a HF chat template the way transformers does (sandboxed jinja2)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg):
+        raise TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **special)
+    except TemplateError as e:
+        raise PrefixEdgeError(f"chat template failed to render: {e}") from None
+
+
+def render_task(spec: TaskSpec, chat_template: str | None, special: dict[str, str]) -> RenderedTask:
+    chat = spec.chat if spec.chat is not None else chat_template is not None
+    if chat and chat_template is None:
+        raise PrefixEdgeError(f"task '{spec.name}': chat = true but the tokenizer has no chat template")
+    if not chat:
+        if spec.prefix is not None:
+            prefix = spec.prefix
+        else:
+            parts = [spec.system] if spec.system else []
+            parts += [fill_template(spec.template, ex.user) + ex.assistant for ex in spec.examples]
+            prefix = "\n\n".join(parts) + "\n\n"
+        return RenderedTask(prefix, "", "", spec.template, False)
+    msgs = [{"role": "system", "content": spec.system}] if spec.system is not None else []
+    for ex in spec.examples:
+        msgs += [{"role": "user", "content": fill_template(spec.template, ex.user)},
+                 {"role": "assistant", "content": ex.assistant}]
+    prefix = render_chat(chat_template, msgs, False, special)
+    full = render_chat(chat_template, msgs + [{"role": "user", "content": _SENTINEL}], True, special)
+    if not full.startswith(prefix) or full.count(_SENTINEL) != 1:
+        raise PrefixEdgeError(
+            f"task '{spec.name}': the chat template does not render the conversation as a stable "
+            "prefix plus a user turn; use chat = false with a raw 'prefix'")
+    before, after = full[len(prefix):].split(_SENTINEL)
+    return RenderedTask(prefix, before, after, spec.template, True)
+
+
+def text_hash(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,131 @@
+"""Fixtures: a tiny random llama model with grouped KV heads (seeded), exported once per
+session to an fp32 bundle and an int4 bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",
+    "Support: my sync stopped on a metered connection, how do I resume it from Settings?",
+    "Classify the sentiment of the review: positive, negative or neutral.",
+    'Extract JSON: {"name": "Maria", "quantity": 3, "city": "Valencia"} and numbers 0123456789.',
+    "Traduire en français : Bonjour, comment allez-vous ? Le train part à huit heures.",
+    "Unicode: naïve café — Straße, 東京, Привет мир, emoji 🚀🙂, math ∑ x² ≤ π.",
+    "def f(x):\n    return x * 2  # code with    spaces\n\tand tabs",
+]
+
+LONG_SYSTEM = " ".join(
+    f"Rule {i}: answer politely, keep replies short, mention the plan, and never invent prices."
+    for i in range(1, 9))
+
+TASKS_TOML = f'''
+[task.support]
+system = """{LONG_SYSTEM}"""
+max_tokens = 16
+
+[task.sentiment]
+system = "Classify the sentiment. Answer with one word."
+examples = [
+  {{ user = "great product", assistant = "positive" }},
+  {{ user = "it broke", assistant = "negative" }},
+]
+template = "Review: {{input}}"
+max_tokens = 16
+
+[task.extract]
+system = "Extract JSON with keys name, quantity, city."
+examples = [{{ user = "Maria wants 3 mugs in Valencia", assistant = '{{"name": "Maria", "quantity": 3, "city": "Valencia"}}' }}]
+max_tokens = 16
+
+[task.raw]
+kind = "text"
+prefix = "The quick brown fox jumps over the lazy dog. Translate: "
+template = "{{input}} =>"
+max_tokens = 16
+'''
+
+INPUTS = ["my sync stopped", "naïve café 🚀 order 12 mugs", "def f(x): return x"]
+
+
+def build_tiny_model(out: Path, seed: int = 0) -> Path:
+    """A seeded random LlamaForCausalLM (4 query heads, 2 KV heads) with a byte-level BPE
+    tokenizer trained on a small corpus and a ChatML chat template."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4 + [LONG_SYSTEM], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(str(out))
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-5,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).eval().save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tasks_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("tasks") / "tasks.toml"
+    p.write_text(TASKS_TOML, encoding="utf-8")
+    return p
+
+
+def _export(model, tasks, out, quantize):
+    from prefix_edge.export.build import export_bundle
+
+    export_bundle(model, tasks, out, quantize=quantize, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bundle_fp32(tiny_model, tasks_file, tmp_path_factory) -> Path:
+    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "fp32", "none")
+
+
+@pytest.fixture(scope="session")
+def bundle_int4(tiny_model, tasks_file, tmp_path_factory) -> Path:
+    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "int4", "int4")
+
+
+def cli(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `prefix-edge` command in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "prefix_edge", *map(str, args)], input=stdin,
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=900)
+
+
+def run_json(*args, **kw) -> dict:
+    p = cli("run", "--json", *args, **kw)
+    assert p.returncode == 0, p.stderr.decode()
+    return json.loads(p.stdout)

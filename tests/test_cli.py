@@ -1,0 +1,140 @@
+"""The `prefix-edge` command in a subprocess: JSON schema, listing, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from .conftest import INPUTS, cli, run_json
+
+
+def assert_one_line_error(p, *words):
+    err = p.stderr.decode()
+    assert p.returncode != 0
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    # progress bars may precede it (export); the error itself is exactly one line, the last
+    assert [ln for ln in lines if ln.startswith("error: ")] == lines[-1:], err
+    for w in words:
+        assert w in err, err
+
+
+def test_json_schema(bundle_fp32):
+    out = run_json("--bundle", bundle_fp32, "--task", "sentiment", INPUTS[0])
+    assert set(out) == {"text", "tokens", "stats"}
+    assert isinstance(out["text"], str) and all(isinstance(t, int) for t in out["tokens"])
+    for k in ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms"):
+        assert isinstance(out["stats"][k], (int, float)), k
+    assert out["stats"]["prefix_tokens"] > 0 and out["stats"]["input_tokens"] > 0
+
+
+def test_no_prefix_cache_matches_and_stdin(bundle_int4):
+    a = run_json("--bundle", bundle_int4, "--task", "support", stdin=INPUTS[1].encode())
+    b = run_json("--bundle", bundle_int4, "--task", "support", "--no-prefix-cache", INPUTS[1])
+    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+    assert b["stats"]["prefix_load_ms"] == 0
+
+
+def test_streaming_output_is_the_text(bundle_fp32):
+    ref = run_json("--bundle", bundle_fp32, "--task", "extract", INPUTS[0])
+    p = cli("run", "--bundle", bundle_fp32, "--task", "extract", INPUTS[0])
+    assert p.returncode == 0 and p.stdout.decode() == ref["text"] + "\n"
+
+
+def test_tasks_and_inspect(bundle_fp32):
+    p = cli("tasks", "--bundle", bundle_fp32)
+    assert p.returncode == 0
+    for t in ("support", "sentiment", "extract", "raw"):
+        assert t in p.stdout.decode()
+    p = cli("inspect", "--bundle", bundle_fp32, "--json")
+    info = json.loads(p.stdout)
+    assert info["model"]["n_kv_heads"] == 2 and info["model"]["n_heads"] == 4
+    assert info["backends"]["onnx"]["quantization"] == "none"
+    assert info["tasks"]["support"]["prefix_tokens"] > 100
+
+
+def test_unknown_task(bundle_fp32):
+    assert_one_line_error(cli("run", "--bundle", bundle_fp32, "--task", "nope", "x"), "unknown task 'nope'")
+
+
+def test_missing_bundle(tmp_path):
+    assert_one_line_error(cli("run", "--bundle", tmp_path / "nowhere", "--task", "a", "x"), "no bundle")
+    p = cli("run", "--task", "support", "x", env={"PREFIX_EDGE_HOME": str(tmp_path)})
+    assert_one_line_error(p, "prefix-edge export")
+
+
+def test_input_longer_than_context(bundle_fp32):
+    assert_one_line_error(cli("run", "--bundle", bundle_fp32, "--task", "support", "zq " * 600), "context")
+
+
+def test_non_utf8_stdin(bundle_fp32):
+    assert_one_line_error(cli("run", "--bundle", bundle_fp32, "--task", "support", stdin=b"caf\xe9\xff"),
+                          "not valid UTF-8")
+
+
+def test_bad_task_file_leaves_nothing(tiny_model, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[task.a]\nsystem = "s"\nmax_tokens = "many"\n')
+    out = tmp_path / "bundle"
+    assert_one_line_error(cli("export", tiny_model, "--tasks", bad, "--out", out), str(bad), "task 'a'", "max_tokens")
+    assert not out.exists()
+
+
+def test_failed_export_is_atomic(tiny_model, tmp_path):
+    """A failure after files were written (a prefix longer than the context, found once the
+    tokenizer is saved) leaves no bundle and no partial directory behind."""
+    long = tmp_path / "long.toml"
+    long.write_text('[task.a]\nchat = false\nprefix = """' + "zq " * 700 + '"""\n')
+    out = tmp_path / "bundle"
+    assert_one_line_error(cli("export", tiny_model, "--tasks", long, "--out", out, "--quantize", "none"), "context")
+    assert list(tmp_path.iterdir()) == [long]
+
+
+def test_refuses_prefix_from_another_bundle(bundle_fp32, bundle_int4, tmp_path):
+    b = shutil.copytree(bundle_fp32, tmp_path / "b")
+    shutil.copy(bundle_int4 / "tasks/support.onnx.safetensors", b / "tasks/support.onnx.safetensors")
+    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "different model")
+    # other tasks of the bundle still run
+    assert cli("run", "--bundle", b, "--task", "sentiment", "x").returncode == 0
+
+
+@pytest.mark.parametrize("edit", ["n_kv_heads", "rope", "model_sha"])
+def test_refuses_edited_manifest(bundle_fp32, tmp_path, edit):
+    b = shutil.copytree(bundle_fp32, tmp_path / "b")
+    m = json.loads((b / "manifest.json").read_text())
+    if edit == "n_kv_heads":
+        m["model"]["n_kv_heads"] = 4
+    elif edit == "rope":
+        m["model"]["rope"]["theta"] = 500000.0
+    else:
+        m["backends"]["onnx"]["files"]["onnx/model.onnx"] = "0" * 64
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "re-export")
+
+
+def test_refuses_changed_model_file(bundle_fp32, tmp_path):
+    b = shutil.copytree(bundle_fp32, tmp_path / "b")
+    f = b / "onnx/model.onnx"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "onnx/model.onnx", "changed")
+
+
+def test_runtime_never_imports_torch(bundle_int4):
+    code = (
+        "import sys, prefix_edge\n"
+        f"rt = prefix_edge.Runtime.open({str(bundle_int4)!r})\n"
+        "r = rt.generate('support', 'hello', max_tokens=4)\n"
+        "list(rt.stream('raw', 'hello', max_tokens=4))\n"
+        "from prefix_edge.cli import main\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'optimum', 'peft'})\n"
+        "assert not heavy, heavy\n"
+        "print('ok')\n")
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr

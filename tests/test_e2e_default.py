@@ -1,0 +1,43 @@
+"""End to end on the real embedded default model (SmolLM2-135M-Instruct): export with the
+demo tasks exactly as the README's command does, then run tasks through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import cli, run_json
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    p = cli("export", env={"PREFIX_EDGE_HOME": str(home)})
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return {"PREFIX_EDGE_HOME": str(home)}
+
+
+def test_default_bundle_has_the_demo_tasks(home):
+    info = json.loads(cli("inspect", "--json", env=home).stdout)
+    assert info["model"]["n_layers"] == 30 and info["model"]["n_kv_heads"] == 3
+    assert info["backends"]["onnx"]["quantization"] == "int4"
+    lengths = {k: t["prefix_tokens"] for k, t in info["tasks"].items()}
+    assert len(lengths) >= 4 and sum(n >= 200 for n in lengths.values()) >= 2, lengths
+
+
+def test_longest_task_baked_equals_prefilled(home):
+    info = json.loads(cli("inspect", "--json", env=home).stdout)
+    task = max(info["tasks"], key=lambda k: info["tasks"][k]["prefix_tokens"])
+    q = "I deleted a folder by mistake three weeks ago on the Free plan. Can I get it back?"
+    a = run_json("--task", task, "--max-tokens", "32", q, env=home)
+    b = run_json("--task", task, "--max-tokens", "32", "--no-prefix-cache", q, env=home)
+    assert a["tokens"] == b["tokens"] and len(a["tokens"]) > 5
+    assert a["stats"]["prefix_tokens"] >= 200
+
+
+def test_classifier_answers_with_a_label(home):
+    out = run_json("--task", "sentiment", "The hinge snapped after two days and the seller ignored me.", env=home)
+    assert out["text"].strip().lower() in {"positive", "negative", "neutral"}, out["text"]

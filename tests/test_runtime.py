@@ -1,0 +1,85 @@
+"""Runtime behaviour on a real ONNX Runtime session: streaming, stops, sampling, the LRU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prefix_edge import PrefixEdgeError, Runtime
+from prefix_edge.runtime.text import TextStream
+
+from .conftest import INPUTS
+
+
+@pytest.fixture(scope="module")
+def rt(bundle_fp32):
+    with Runtime.open(bundle_fp32, prefix_cache_size=2) as r:
+        yield r
+
+
+def test_stream_equals_generate(rt):
+    r = rt.generate("support", INPUTS[1], max_tokens=24)
+    chunks = list(rt.stream("support", INPUTS[1], max_tokens=24))
+    assert "".join(chunks) == r.text == rt.last_result.text
+    assert rt.last_result.tokens == r.tokens
+
+
+def test_stop_string_split_across_tokens(rt):
+    ref = rt.generate("raw", INPUTS[0], max_tokens=24, stop=[])
+    pieces = [rt.tokenizer.decode(ref.tokens[:i + 1]) for i in range(len(ref.tokens))]
+    # a stop string that starts inside one token's text and ends inside a later one
+    k = next(i for i in range(1, len(pieces) - 1) if len(pieces[i]) - len(pieces[i - 1]) >= 2)
+    start = len(pieces[k]) - 1
+    stop = ref.text[start:start + 3]
+    assert len(stop) == 3
+    r = rt.generate("raw", INPUTS[0], max_tokens=24, stop=[stop])
+    assert r.text == ref.text[:ref.text.index(stop)]
+    assert stop not in r.text and r.stats.finish_reason == "stop"
+    assert r.tokens == ref.tokens[:len(r.tokens)] and len(r.tokens) < len(ref.tokens)
+
+
+def test_incremental_detokenization_never_splits_characters(rt):
+    text = "naïve café — Straße, 東京, Привет 🚀🙂 ∑ x² ≤ π"
+    ids = rt.tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(ids) > len(text) / 3  # multi-byte characters span several tokens here
+    s = TextStream(rt.tokenizer, [])
+    chunks = [s.push(i) for i in ids] + [s.flush()]
+    assert "".join(chunks) == text
+    assert not any("\ufffd" in c for c in chunks)
+
+
+def test_seeded_sampling_is_reproducible(rt):
+    a = rt.generate("support", INPUTS[0], temperature=1.5, top_k=50, top_p=0.95, seed=7, max_tokens=16)
+    b = rt.generate("support", INPUTS[0], temperature=1.5, top_k=50, top_p=0.95, seed=7, max_tokens=16)
+    greedy = rt.generate("support", INPUTS[0], max_tokens=16)
+    others = [rt.generate("support", INPUTS[0], temperature=1.5, seed=s, max_tokens=16).tokens for s in range(4)]
+    assert a.tokens == b.tokens
+    assert any(o != greedy.tokens for o in others)
+
+
+def test_lru_keeps_recent_prefixes(rt):
+    rt.prefixes.clear()
+    for task in ("support", "sentiment", "extract"):
+        rt.generate(task, INPUTS[0], max_tokens=1)
+    assert list(rt.prefixes._lru) == ["sentiment", "extract"]
+    _, hit = rt.prefixes.get("extract")
+    assert hit
+
+
+def test_max_tokens_and_stats(rt):
+    r = rt.generate("support", INPUTS[0], max_tokens=3)
+    assert len(r.tokens) <= 3
+    s = r.stats
+    assert s.input_tokens == len(rt.encode_input("support", INPUTS[0]))
+    assert 0 < s.ttft_ms <= s.total_ms
+
+
+def test_bad_requests(rt):
+    with pytest.raises(PrefixEdgeError, match="unknown task 'nope'; this bundle has: extract, raw"):
+        rt.generate("nope", "x")
+    with pytest.raises(PrefixEdgeError, match="exceeds the model's context of 512"):
+        rt.generate("support", "zq " * 600)
+    with pytest.raises(PrefixEdgeError, match="top_p"):
+        rt.generate("support", "x", top_p=1.5)
+    with pytest.raises(PrefixEdgeError, match="unknown generation option"):
+        rt.generate("support", "x", beams=2)

@@ -1,0 +1,78 @@
+"""Task-file parsing and rendering (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefix_edge.errors import PrefixEdgeError
+from prefix_edge.tasks import load_tasks, render_task
+
+from .conftest import CHATML
+
+
+def write(tmp_path, text):
+    p = tmp_path / "tasks.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_parses_all_keys(tmp_path):
+    p = write(tmp_path, '''
+[task.a]
+kind = "text"
+system = "sys"
+examples = [{user = "u", assistant = "a"}]
+template = "Q: {input}"
+chat = true
+max_tokens = 5
+temperature = 1
+top_p = 0.9
+top_k = 40
+seed = 3
+stop = ["\\n"]
+''')
+    (t,) = load_tasks(p)
+    assert t.name == "a" and t.system == "sys" and t.examples[0].assistant == "a"
+    assert t.defaults == {"max_tokens": 5, "temperature": 1.0, "top_p": 0.9, "top_k": 40, "seed": 3, "stop": ["\n"]}
+
+
+@pytest.mark.parametrize("body, key, words", [
+    ('[task.a]\nsystem = "s"\ncolour = "red"\n', "colour", "unknown key"),
+    ('[task.a]\ntemplate = "{input}"\n', "prefix", "missing"),
+    ('[task.a]\nsystem = "s"\nmax_tokens = "ten"\n', "max_tokens", "expected int"),
+    ('[task.a]\nsystem = "s"\nchat = 1\n', "chat", "expected bool"),
+    ('[task.a]\nsystem = "s"\ntemplate = "no placeholder"\n', "template", "{input}"),
+    ('[task.a]\nsystem = "s"\nexamples = [{user = "u"}]\n', "examples[0]", "assistant"),
+    ('[task.a]\nsystem = "s"\nkind = "lora"\n', "kind", "must be one of"),
+    ('[task.a]\nsystem = "s"\nstop = [""]\n', "stop[0]", "non-empty"),
+])
+def test_errors_name_file_task_and_key(tmp_path, body, key, words):
+    p = write(tmp_path, body)
+    with pytest.raises(PrefixEdgeError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert str(p) in msg and "task 'a'" in msg and f"key '{key}'" in msg and words in msg
+    assert "\n" not in msg
+
+
+def test_not_toml_and_empty(tmp_path):
+    with pytest.raises(PrefixEdgeError, match="not a valid TOML"):
+        load_tasks(write(tmp_path, "[task.a\n"))
+    with pytest.raises(PrefixEdgeError, match="no tasks"):
+        load_tasks(write(tmp_path, "# nothing\n"))
+    with pytest.raises(PrefixEdgeError, match="not found"):
+        load_tasks(tmp_path / "missing.toml")
+
+
+def test_chat_render_splits_prefix_and_input(tmp_path):
+    (t,) = load_tasks(write(tmp_path, '[task.a]\nsystem = "S"\nexamples = [{user = "u1", assistant = "a1"}]\ntemplate = "Q: {input}"\n'))
+    r = render_task(t, CHATML, {})
+    assert r.chat
+    assert r.prefix_text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ: u1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
+    assert (r.input_before, r.input_after) == ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_raw_render(tmp_path):
+    (t,) = load_tasks(write(tmp_path, '[task.a]\nprefix = "P: "\ntemplate = "{input} =>"\n'))
+    r = render_task(t, CHATML, {})
+    assert not r.chat and r.prefix_text == "P: " and r.input_before == r.input_after == ""
