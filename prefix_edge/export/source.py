@@ -31,12 +31,15 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
     model = Path(model)
     if model.is_file() and model.suffix == ".gguf":
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.set_verbosity_error()  # our own progress bars report the stage
+        hf_logging.disable_progress_bar()
         out = workdir / "hf"
         try:
             tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
             m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
-                                                     torch_dtype="float32")
+                                                     dtype="float32")
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
         m.save_pretrained(str(out))

@@ -1,0 +1,62 @@
+"""GGUF weight quantization through llama.cpp's own quantizer (`llama_model_quantize`, as the
+`llama-quantize` tool), called from llama-cpp-python.
+
+Names are the usual llama.cpp ones, lower case: "q8_0", "q4_k_m", ... K-quants work on rows of
+256 values; llama.cpp falls back to a legacy type for tensors whose rows are not a multiple of it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from ..errors import PrefixEdgeError
+
+# name -> llama_cpp's LLAMA_FTYPE_* constant (looked up when used: llama_cpp is optional)
+_FTYPES = {
+    "f32": "LLAMA_FTYPE_ALL_F32",
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "bf16": "LLAMA_FTYPE_MOSTLY_BF16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
+    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
+    "q5_k_s": "LLAMA_FTYPE_MOSTLY_Q5_K_S",
+    "q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
+    "q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+    "q4_k_s": "LLAMA_FTYPE_MOSTLY_Q4_K_S",
+    "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "q3_k_m": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
+    "q2_k": "LLAMA_FTYPE_MOSTLY_Q2_K",
+}
+
+GGUF_QUANT_CHOICES = tuple(_FTYPES)
+
+
+def quantize_gguf(src: Path, dst: Path, qtype: str) -> None:
+    """Quantize the GGUF model `src` into `dst` with llama.cpp's `qtype` (see GGUF_QUANT_CHOICES).
+    Norms and other 1-D tensors stay f32, as llama.cpp decides."""
+    src, dst = Path(src), Path(dst)
+    if qtype not in _FTYPES:
+        raise PrefixEdgeError(f"unknown GGUF quantization {qtype!r}; choose one of "
+                              f"{', '.join(GGUF_QUANT_CHOICES)}")
+    if not src.is_file():
+        raise PrefixEdgeError(f"no GGUF file at {src}")
+    if dst.resolve() == src.resolve():
+        raise PrefixEdgeError(f"quantizing {src} onto itself; choose another output path")
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise PrefixEdgeError("GGUF quantization needs llama-cpp-python: "
+                              "pip install 'prefix-edge[llama]'") from e
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, _FTYPES[qtype])
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        dst.unlink(missing_ok=True)
+        raise PrefixEdgeError(f"llama.cpp failed to quantize {src} to {qtype} (code {rc}); "
+                              f"its log above says why")

@@ -1,0 +1,329 @@
+"""llama.cpp backend over llama-cpp-python's low-level API (one model, one context, sequence 0).
+
+A baked prefix is one sequence's KV as llama.cpp serialises it (`llama_state_seq_get_data`),
+restored with `llama_state_seq_set_data` after seqstate.py has walked and checked the blob:
+llama.cpp itself checks little and nothing about which model wrote it. The KV cache is F16
+(a quantized cache type also rotates K/V) and the V layout follows flash attention
+(v_trans = not flash_attn), fixed when the context is made. There is no context shift: the
+library never shifts by itself, and a full context is an error here, never a shift (a shift
+re-rotates cached keys).
+
+Prefix file (safetensors, like the ONNX backend's): `state` uint8 [blob bytes], `prefix_ids`
+int64 [P], metadata {fingerprint, task, ... as given, plus backend, state_format,
+state_version, n_layer, v_trans, kv_type}. The blob is read whole and walked before use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+from .backend import Prefix
+from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
+
+STATE_FORMAT = "llama.cpp-seq-state"
+_LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.cpp may call it
+_BACKEND_READY = False
+
+
+def _llama():
+    global _LOG_CALLBACK, _BACKEND_READY
+    try:
+        import llama_cpp
+    except ImportError:
+        raise PrefixEdgeError("the gguf backend needs llama-cpp-python: "
+                              "pip install 'prefix-edge[llama]'") from None
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    return llama_cpp
+
+
+def state_version() -> str:
+    """What a seq-state blob depends on besides the model, for the prefix fingerprint. The blob
+    carries no version of its own; the session / seq-file versions mark llama.cpp's state
+    format changes, and the package version pins the rest."""
+    L = _llama()
+    return (f"{STATE_FORMAT}/magic={SEQ_STATE_MAGIC:08x}/session={L.LLAMA_SESSION_VERSION}"
+            f"/seq={L.LLAMA_STATE_SEQ_VERSION}/llama-cpp-python={L.__version__}")
+
+
+def _format_part(version: str) -> str:
+    """The state-format part of a state_version string (the package version may differ)."""
+    return version.split("/llama-cpp-python=")[0]
+
+
+def available_devices() -> list[str]:
+    import sys
+
+    L = _llama()
+    if not L.llama_supports_gpu_offload():
+        return ["cpu"]
+    return ["cpu", "metal" if sys.platform == "darwin" else "cuda"]
+
+
+class LlamaBackend:
+    name = "gguf"
+    kv_type = "f16"
+
+    def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
+                 n_ctx: int = 4096, flash_attn: bool = False):
+        L = self._L = _llama()
+        self.model = self.ctx = self.batch = None
+        devices = available_devices()
+        if device == "auto":
+            device = devices[-1]
+        if device in ("cuda", "metal") and device not in devices:
+            raise PrefixEdgeError(
+                f"device {device!r} asked for, but this llama-cpp-python build has no "
+                f"{'GPU offload' if len(devices) == 1 else device + ' support'} "
+                "(reinstall llama-cpp-python built with CMAKE_ARGS=-DGGML_CUDA=on or "
+                "-DGGML_METAL=on), or use device 'cpu'")
+        if device not in ("cpu", "cuda", "metal"):
+            raise PrefixEdgeError(f"the gguf backend runs on 'cpu', 'cuda' or 'metal', not {device!r}")
+        if not Path(model_path).is_file():
+            raise PrefixEdgeError(f"GGUF model not found: {model_path}")
+        self.device, self.model_path = device, Path(model_path)
+
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0 if device == "cpu" else -1
+        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
+        if not self.model:
+            raise PrefixEdgeError(f"cannot load GGUF model {model_path} (not a GGUF file, or an "
+                                  "architecture this llama.cpp does not know)")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self.n_layers = int(L.llama_model_n_layer(self.model))
+        self.n_kv_heads = int(L.llama_model_n_head_kv(self.model))
+        arch = self.meta("general.architecture") or "llama"
+        key_len = self.meta(f"{arch}.attention.key_length")
+        self.head_dim = int(key_len) if key_len else (
+            int(L.llama_model_n_embd(self.model)) // int(L.llama_model_n_head(self.model)))
+        val_len = self.meta(f"{arch}.attention.value_length")
+        self.head_dim_v = int(val_len) if val_len else self.head_dim
+        self.v_trans = not flash_attn
+        self.state_version = state_version()
+
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_ctx  # a whole prompt fits one llama_decode; prefill still chunks
+        cp.n_ubatch = min(512, n_ctx)
+        cp.n_seq_max = 1
+        cp.type_k = cp.type_v = GGML_TYPE_F16
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        cp.no_perf = True
+        if threads:
+            cp.n_threads = cp.n_threads_batch = threads
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            self.close()
+            raise PrefixEdgeError(f"cannot create a llama.cpp context (n_ctx={n_ctx}, "
+                                  f"device={device}, flash_attn={flash_attn}): out of memory?")
+        self.n_ctx = int(L.llama_n_ctx(self.ctx))
+        self.n_batch = int(L.llama_n_batch(self.ctx))
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        self.pos = 0
+
+    # -- model facts ----------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = self._L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def expected_state(self, n_tokens: int | None = None) -> dict:
+        """What a seq-state blob for this model and context must look like."""
+        row = self.n_kv_heads * self.head_dim * 2
+        exp = {"n_layer": self.n_layers, "k_type": GGML_TYPE_F16, "v_type": GGML_TYPE_F16,
+               "k_row_bytes": row, "v_row_bytes": self.n_kv_heads * self.head_dim_v * 2,
+               "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
+               "max_cells": self.n_ctx}
+        if n_tokens is not None:
+            exp["cell_count"] = n_tokens
+        return exp
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> np.ndarray:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 8
+        out = (self._L.llama_token * cap)()
+        n = self._L.llama_tokenize(self.vocab, raw, len(raw), out, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            out = (self._L.llama_token * cap)()
+            n = self._L.llama_tokenize(self.vocab, raw, len(raw), out, cap, add_special, parse_special)
+        return np.array(out[:n], dtype=np.int64)
+
+    # -- prefix files ---------------------------------------------------------------------
+    def load_prefix(self, path: Path) -> Prefix:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="np") as f:
+                meta = f.metadata() or {}
+                names = set(f.keys())
+                for need in ("state", "prefix_ids"):
+                    if need not in names:
+                        raise PrefixEdgeError(f"{path}: prefix file lacks tensor {need!r}")
+                ids = f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
+                state = f.get_tensor("state")
+        except PrefixEdgeError:
+            raise
+        except Exception as e:
+            raise PrefixEdgeError(f"{path}: cannot read prefix file: {e}") from None
+        if meta.get("backend", self.name) != self.name:
+            raise PrefixEdgeError(f"{path}: prefix baked for the {meta['backend']!r} backend, not gguf")
+        baked_with = meta.get("state_version")
+        if baked_with and _format_part(baked_with) != _format_part(self.state_version):
+            raise PrefixEdgeError(f"{path}: KV state written by {baked_with}, this runtime reads "
+                                  f"{self.state_version}: rebake the prefix")
+        if state.dtype != np.uint8 or state.ndim != 1:
+            raise PrefixEdgeError(f"{path}: tensor 'state' is {state.dtype}{list(state.shape)}, "
+                                  "expected uint8 [bytes]")
+        prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes))
+        self._check(prefix, str(path))
+        return prefix
+
+    def read_prefix_ids(self, path: Path) -> np.ndarray:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="np") as f:
+                return f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
+        except Exception as e:
+            raise PrefixEdgeError(f"{path}: cannot read prefix ids: {e}") from None
+
+    def _check(self, prefix: Prefix, where: str = "prefix") -> None:
+        if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
+            raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
+        try:
+            info = parse_seq_state(prefix.kv)
+            check_seq_state(info, self.expected_state(len(prefix.ids)))
+        except PrefixEdgeError as e:
+            raise PrefixEdgeError(f"{where}: {e}") from None
+        if np.any(prefix.ids < 0) or np.any(prefix.ids >= self.n_vocab):
+            raise PrefixEdgeError(f"{where}: prefix ids outside this model's vocabulary "
+                                  f"(0..{self.n_vocab - 1})")
+
+    # -- the sequence ---------------------------------------------------------------------
+    def begin(self, prefix: Prefix | None) -> None:
+        L = self._L
+        self._live()
+        L.llama_memory_clear(self.mem, False)
+        self.pos = 0
+        if prefix is None:
+            return
+        self._check(prefix)  # walks the blob: nothing unchecked reaches llama.cpp
+        blob = np.ascontiguousarray(prefix.kv)
+        ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, 0)
+        if n != blob.nbytes:
+            L.llama_memory_clear(self.mem, False)
+            raise PrefixEdgeError(f"llama.cpp refused the prefix KV state (read {n} of "
+                                  f"{blob.nbytes} bytes): rebake the prefix for this model")
+        last = L.llama_memory_seq_pos_max(self.mem, 0)
+        if last != len(prefix.ids) - 1:
+            L.llama_memory_clear(self.mem, False)
+            raise PrefixEdgeError(f"prefix restore left positions up to {last}, "
+                                  f"expected {len(prefix.ids) - 1}")
+        self.pos = len(prefix.ids)
+
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        L = self._L
+        self._live()
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise PrefixEdgeError("prefill needs at least one token")
+        if self.pos + ids.size > self.n_ctx:
+            raise PrefixEdgeError(f"context full: {self.pos} + {ids.size} tokens exceed "
+                                  f"n_ctx={self.n_ctx} (no context shift)")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
+        b = self.batch
+        for start in range(0, ids.size, self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            n = chunk.size
+            for i, tok in enumerate(chunk.tolist()):
+                b.token[i] = tok
+                b.pos[i] = self.pos + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 0
+            b.logits[n - 1] = 1 if start + n == ids.size else 0
+            b.n_tokens = n
+            rc = L.llama_decode(self.ctx, b)
+            if rc != 0:
+                self.pos = int(L.llama_memory_seq_pos_max(self.mem, 0)) + 1
+                raise PrefixEdgeError(f"llama_decode failed (code {rc}) at position {self.pos}")
+            self.pos += n
+        ptr = L.llama_get_logits_ith(self.ctx, -1)
+        if not ptr:
+            raise PrefixEdgeError("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True)
+
+    def step(self, token: int) -> np.ndarray:
+        return self.prefill(np.array([token], np.int64))
+
+    def state_blob(self) -> bytes:
+        """Sequence 0's KV as a seq-state blob (after prefill of a prefix), checked."""
+        L = self._L
+        self._live()
+        size = L.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
+        if n != size:
+            raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
+        blob = bytes(buf)
+        check_seq_state(parse_seq_state(blob), self.expected_state(self.pos))
+        return blob
+
+    def _live(self) -> None:
+        if self.ctx is None:
+            raise PrefixEdgeError("the gguf backend is closed")
+
+    def close(self) -> None:
+        L = getattr(self, "_L", None)
+        if L is None:
+            return
+        if getattr(self, "batch", None) is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ctx", None):
+            L.llama_free(self.ctx)
+        self.ctx = None
+        if getattr(self, "model", None):
+            L.llama_model_free(self.model)
+        self.model = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str]) -> None:
+    """Write a gguf prefix file; the blob is walked first, its facts go into the metadata."""
+    from safetensors.numpy import save_file
+
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    info = parse_seq_state(blob)
+    check_seq_state(info, {"cell_count": len(ids)})
+    meta = {k: str(v) for k, v in metadata.items()}
+    meta.update({"backend": LlamaBackend.name, "state_format": STATE_FORMAT,
+                 "state_version": state_version(), "n_layer": str(info.n_layer),
+                 "v_trans": str(int(info.v_trans)), "kv_type": "f16", "n_tokens": str(len(ids))})
+    state = np.frombuffer(bytes(blob), np.uint8)
+    save_file({"state": state, "prefix_ids": ids}, str(path), metadata=meta)
