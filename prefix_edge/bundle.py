@@ -5,13 +5,15 @@ A bundle is a directory:
     manifest.json                   this file's schema (format_version 1)
     tokenizer/tokenizer.json        the tokenizer (HF tokenizers format)
     onnx/model.onnx[, .onnx_data]   the deployed (quantized) decoder graph
+    gguf/model.gguf                 the deployed GGUF model for llama.cpp
     tasks/NAME.onnx.safetensors     per task: per-layer K/V of its prefix + the prefix ids
+    tasks/NAME.gguf.safetensors     per task: llama.cpp's sequence-state blob + the prefix ids
 
 Every backend has a *fingerprint*: the sha256 of everything a baked prefix depends on (model
 file hashes, architecture, layers, KV heads, head dim, RoPE, vocab, tokenizer and chat-template
-hashes, KV dtype). Each prefix file carries the fingerprint it was baked against in its
-safetensors metadata; the runtime recomputes the fingerprint from the files it is about to run
-and refuses a prefix whose fingerprint differs.
+hashes, KV dtype, and for llama.cpp its state format and V layout). Each prefix file carries
+the fingerprint it was baked against in its safetensors metadata; the runtime recomputes the
+fingerprint from the files it is about to run and refuses a prefix whose fingerprint differs.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class BackendInfo:
     kv_dtype: str
     quantization: str
     fingerprint: str = ""
+    state: dict[str, Any] = field(default_factory=dict)  # what restoring a prefix depends on
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Manifest:
             "tokenizer": self.tokenizer.sha256,
             "chat_template": self.tokenizer.chat_template_sha256,
             "kv_dtype": b.kv_dtype,
+            "state": b.state,
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

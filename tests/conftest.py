@@ -1,5 +1,5 @@
 """Fixtures: a tiny random llama model with grouped KV heads (seeded), exported once per
-session to an fp32 bundle and an int4 bundle."""
+session to an fp32 bundle (ONNX fp32 + GGUF f32) and a quantized one (ONNX int4 + GGUF q8_0)."""
 
 from __future__ import annotations
 
@@ -102,21 +102,21 @@ def tasks_file(tmp_path_factory) -> Path:
     return p
 
 
-def _export(model, tasks, out, quantize):
+def _export(model, tasks, out, quantize, gguf_quant):
     from prefix_edge.export.build import export_bundle
 
-    export_bundle(model, tasks, out, quantize=quantize, progress=False)
+    export_bundle(model, tasks, out, quantize=quantize, gguf_quant=gguf_quant, progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
 def bundle_fp32(tiny_model, tasks_file, tmp_path_factory) -> Path:
-    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "fp32", "none")
+    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "fp32", "none", "f32")
 
 
 @pytest.fixture(scope="session")
 def bundle_int4(tiny_model, tasks_file, tmp_path_factory) -> Path:
-    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "int4", "int4")
+    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "int4", "int4", "q8_0")
 
 
 def cli(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

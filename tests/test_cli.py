@@ -31,9 +31,10 @@ def test_json_schema(bundle_fp32):
     assert out["stats"]["prefix_tokens"] > 0 and out["stats"]["input_tokens"] > 0
 
 
-def test_no_prefix_cache_matches_and_stdin(bundle_int4):
-    a = run_json("--bundle", bundle_int4, "--task", "support", stdin=INPUTS[1].encode())
-    b = run_json("--bundle", bundle_int4, "--task", "support", "--no-prefix-cache", INPUTS[1])
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_no_prefix_cache_matches_and_stdin(bundle_int4, backend):
+    a = run_json("--bundle", bundle_int4, "--backend", backend, "--task", "support", stdin=INPUTS[1].encode())
+    b = run_json("--bundle", bundle_int4, "--backend", backend, "--task", "support", "--no-prefix-cache", INPUTS[1])
     assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
     assert b["stats"]["prefix_load_ms"] == 0
 
@@ -93,15 +94,18 @@ def test_failed_export_is_atomic(tiny_model, tmp_path):
     assert list(tmp_path.iterdir()) == [long]
 
 
-def test_refuses_prefix_from_another_bundle(bundle_fp32, bundle_int4, tmp_path):
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_refuses_prefix_from_another_bundle(bundle_fp32, bundle_int4, tmp_path, backend):
     b = shutil.copytree(bundle_fp32, tmp_path / "b")
-    shutil.copy(bundle_int4 / "tasks/support.onnx.safetensors", b / "tasks/support.onnx.safetensors")
-    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "different model")
+    f = f"tasks/support.{backend}.safetensors"
+    shutil.copy(bundle_int4 / f, b / f)
+    assert_one_line_error(cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x"),
+                          "different model")
     # other tasks of the bundle still run
-    assert cli("run", "--bundle", b, "--task", "sentiment", "x").returncode == 0
+    assert cli("run", "--bundle", b, "--backend", backend, "--task", "sentiment", "x").returncode == 0
 
 
-@pytest.mark.parametrize("edit", ["n_kv_heads", "rope", "model_sha"])
+@pytest.mark.parametrize("edit", ["n_kv_heads", "rope", "model_sha", "gguf_state"])
 def test_refuses_edited_manifest(bundle_fp32, tmp_path, edit):
     b = shutil.copytree(bundle_fp32, tmp_path / "b")
     m = json.loads((b / "manifest.json").read_text())
@@ -109,25 +113,30 @@ def test_refuses_edited_manifest(bundle_fp32, tmp_path, edit):
         m["model"]["n_kv_heads"] = 4
     elif edit == "rope":
         m["model"]["rope"]["theta"] = 500000.0
-    else:
+    elif edit == "model_sha":
         m["backends"]["onnx"]["files"]["onnx/model.onnx"] = "0" * 64
+    else:
+        m["backends"]["gguf"]["state"]["v_trans"] = False
     (b / "manifest.json").write_text(json.dumps(m))
-    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "re-export")
+    backend = "gguf" if edit == "gguf_state" else "onnx"
+    assert_one_line_error(cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x"), "re-export")
 
 
-def test_refuses_changed_model_file(bundle_fp32, tmp_path):
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_refuses_changed_model_file(bundle_fp32, tmp_path, backend):
     b = shutil.copytree(bundle_fp32, tmp_path / "b")
-    f = b / "onnx/model.onnx"
-    data = bytearray(f.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    f.write_bytes(bytes(data))
-    assert_one_line_error(cli("run", "--bundle", b, "--task", "support", "x"), "onnx/model.onnx", "changed")
+    rel = f"{backend}/model.{backend}"
+    data = bytearray((b / rel).read_bytes())
+    data[len(data) - 100] ^= 0x01  # a weight byte near the end of the file
+    (b / rel).write_bytes(bytes(data))
+    assert_one_line_error(cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x"), rel, "changed")
 
 
-def test_runtime_never_imports_torch(bundle_int4):
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_runtime_never_imports_torch(bundle_int4, backend):
     code = (
         "import sys, prefix_edge\n"
-        f"rt = prefix_edge.Runtime.open({str(bundle_int4)!r})\n"
+        f"rt = prefix_edge.Runtime.open({str(bundle_int4)!r}, backend={backend!r})\n"
         "r = rt.generate('support', 'hello', max_tokens=4)\n"
         "list(rt.stream('raw', 'hello', max_tokens=4))\n"
         "from prefix_edge.cli import main\n"

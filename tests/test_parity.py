@@ -13,9 +13,12 @@ from .conftest import INPUTS
 TASKS = ["support", "sentiment", "extract", "raw"]
 
 
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
 @pytest.mark.parametrize("task", TASKS)
-def test_fp32_first_step_logits_match(bundle_fp32, task):
-    with Runtime.open(bundle_fp32) as rt:
+def test_fp32_first_step_logits_match(bundle_fp32, task, backend):
+    """ONNX fp32: to 1e-5. GGUF f32 weights with llama.cpp's F16 KV cache: the restored cache
+    holds exactly the values a prefill writes (same F16 cells), so the logits agree as well."""
+    with Runtime.open(bundle_fp32, backend=backend) as rt:
         for text in INPUTS:
             ids = rt.encode_input(task, text)
             prefix, _ = rt.prefixes.get(task)
@@ -27,10 +30,23 @@ def test_fp32_first_step_logits_match(bundle_fp32, task):
             assert np.std(full) > 0.1  # the model is not degenerate: logits discriminate
 
 
+def test_backends_agree(bundle_fp32):
+    """Same f32 weights through ONNX Runtime and llama.cpp: the same model."""
+    logits = []
+    for backend in ("onnx", "gguf"):
+        with Runtime.open(bundle_fp32, backend=backend) as rt:
+            prefix, _ = rt.prefixes.get("support")
+            rt.backend.begin(prefix)
+            logits.append(rt.backend.prefill(rt.encode_input("support", INPUTS[0])))
+    assert np.max(np.abs(logits[0] - logits[1])) < 5e-2  # llama.cpp keeps its KV cache in F16
+    assert np.argmax(logits[0]) == np.argmax(logits[1])
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
 @pytest.mark.parametrize("bundle", ["bundle_fp32", "bundle_int4"])
-def test_greedy_tokens_match_prefill(request, bundle):
+def test_greedy_tokens_match_prefill(request, bundle, backend):
     path = request.getfixturevalue(bundle)
-    with Runtime.open(path) as rt:
+    with Runtime.open(path, backend=backend) as rt:
         produced = 0
         for task in TASKS:
             for text in INPUTS:
@@ -44,9 +60,10 @@ def test_greedy_tokens_match_prefill(request, bundle):
         assert produced > 0
 
 
-def test_prefix_changes_the_output(bundle_fp32):
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_prefix_changes_the_output(bundle_fp32, backend):
     """The baked KV is really used: a different task's prefix gives different logits."""
-    with Runtime.open(bundle_fp32) as rt:
+    with Runtime.open(bundle_fp32, backend=backend) as rt:
         ids = rt.encode_input("support", INPUTS[0])
         outs = []
         for task in ("support", "extract"):
@@ -56,11 +73,12 @@ def test_prefix_changes_the_output(bundle_fp32):
         assert np.max(np.abs(outs[0] - outs[1])) > 1e-3
 
 
-def test_int4_tracks_fp32(bundle_fp32, bundle_int4):
-    """Quantization changes numbers, not the model: int4 logits correlate with fp32."""
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_quantized_tracks_fp32(bundle_fp32, bundle_int4, backend):
+    """Quantization changes numbers, not the model: int4 / q8_0 logits correlate with fp32."""
     logits = []
     for b in (bundle_fp32, bundle_int4):
-        with Runtime.open(b) as rt:
+        with Runtime.open(b, backend=backend) as rt:
             prefix, _ = rt.prefixes.get("support")
             rt.backend.begin(prefix)
             logits.append(rt.backend.prefill(rt.encode_input("support", INPUTS[0])))

@@ -11,9 +11,9 @@ from prefix_edge.runtime.text import TextStream
 from .conftest import INPUTS
 
 
-@pytest.fixture(scope="module")
-def rt(bundle_fp32):
-    with Runtime.open(bundle_fp32, prefix_cache_size=2) as r:
+@pytest.fixture(scope="module", params=["onnx", "gguf"])
+def rt(bundle_fp32, request):
+    with Runtime.open(bundle_fp32, backend=request.param, prefix_cache_size=2) as r:
         yield r
 
 

@@ -1,4 +1,4 @@
-"""Baking: run each task's prefix through the deployed model and store its per-layer KV."""
+"""Baking: run each task's prefix through the deployed model and store that backend's KV."""
 
 from __future__ import annotations
 
@@ -22,32 +22,33 @@ def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int) -> list
     return ids
 
 
-def bake_onnx(model_path: Path, manifest: Manifest, task_ids: dict[str, list[int]],
-              root: Path, advance) -> dict[str, tuple[int, TaskPrefixFile]]:
-    """Bake every task's prefix ids through the graph at `model_path`; fill in the onnx backend's KV dtype
-    and fingerprint in `manifest`. Returns {task: (prefix tokens, file entry)}."""
-    from ..runtime.onnx import OnnxBackend, write_prefix
-
-    be = OnnxBackend(model_path)
+def check_geometry(be, manifest: Manifest) -> None:
     m = manifest.model
     if (be.n_layers, be.n_kv_heads, be.head_dim) != (m.n_layers, m.n_kv_heads, m.head_dim):
         raise PrefixEdgeError(
-            f"the exported graph has {be.n_layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
+            f"the {be.name} model has {be.n_layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
             f"the model config says {m.n_layers} × {m.n_kv_heads} × {m.head_dim}")
-    info = manifest.backends["onnx"]
-    info.kv_dtype = np.dtype(be.kv_dtype).name
-    info.fingerprint = manifest.fingerprint("onnx")
+
+
+def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path,
+         advance) -> dict[str, TaskPrefixFile]:
+    """Bake every task's prefix ids through backend `be` (the deployed model); fill in the
+    backend's KV dtype, state facts and fingerprint in `manifest`. Returns {task: file entry}."""
+    check_geometry(be, manifest)
+    info = manifest.backends[be.name]
+    info.kv_dtype = be.kv_dtype_name
+    info.state = be.state_info()
+    info.fingerprint = manifest.fingerprint(be.name)
     out = {}
     for name, ids in task_ids.items():
         be.begin(None)
         be.prefill(np.array(ids, np.int64))
-        rel = f"tasks/{name}.onnx.safetensors"
-        write_prefix(root / rel, np.array(ids, np.int64), be.kv_tensors(),
-                     {"fingerprint": info.fingerprint, "task": name, "backend": "onnx",
-                      "prefix_format_version": PREFIX_FORMAT_VERSION})
-        out[name] = (len(ids), TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
-                                              bytes=(root / rel).stat().st_size,
-                                              fingerprint=info.fingerprint))
+        rel = f"tasks/{name}.{be.name}.safetensors"
+        be.save_prefix(root / rel, np.array(ids, np.int64),
+                       {"fingerprint": info.fingerprint, "task": name,
+                        "prefix_format_version": PREFIX_FORMAT_VERSION})
+        (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
+        out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
+                                   bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)
         advance()
-    be.close()
     return out

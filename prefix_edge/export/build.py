@@ -1,7 +1,9 @@
 """`prefix-edge export`: model + task file → bundle, built in a temp dir and renamed into place.
 
-Stages: source model → ONNX graph → quantize → tokenizer → bake each task's prefix through the
-*deployed* (quantized) graph → manifest (written last) → atomic rename.
+Stages: source model → tokenizer + task prefix ids (fail fast) → per format: the deployed model
+(ONNX: optimum export + quantization; GGUF: the source GGUF, re-quantized on request, or an HF
+dir converted and quantized) → bake each task's prefix through that deployed model → manifest
+(written last) → atomic rename.
 """
 
 from __future__ import annotations
@@ -12,25 +14,40 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..bundle import BackendInfo, Manifest, TaskInfo, TaskPrefixFile, TokenizerInfo, hash_files, sha256_file
+from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, sha256_file
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks, render_task, text_hash
 from .progress import Stages
 
-FORMATS = ("onnx",)
+FORMATS = ("onnx", "gguf")
+DEFAULT_FORMATS = ("onnx", "gguf")
+DEFAULT_ONNX_QUANT = "int4"  # exact baked prefixes, smallest, fastest: see README
+DEFAULT_GGUF_QUANT = "q8_0"  # for HF sources; a .gguf source is kept as it is: see README
+KEEP = "keep"
 
 
-def export_bundle(model: Path | None, tasks_file: Path | None, out: Path, formats=("onnx",),
-                  quantize: str = "int4", force: bool = False, progress: bool = True) -> Manifest:
+def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
+                  formats=DEFAULT_FORMATS, quantize: str = DEFAULT_ONNX_QUANT,
+                  gguf_quant: str | None = None, force: bool = False,
+                  progress: bool = True) -> Manifest:
+    """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
+    DEFAULT_GGUF_QUANT for an HF source."""
     from ..paths import default_tasks_file
+    from ..quantize.gguf import GGUF_QUANT_CHOICES
     from ..quantize.onnx import CHOICES
     from .source import default_model_path
 
+    formats = tuple(dict.fromkeys(formats))
     for f in formats:
         if f not in FORMATS:
             raise PrefixEdgeError(f"unknown format {f!r}; supported: {', '.join(FORMATS)}")
+    if not formats:
+        raise PrefixEdgeError("no format given; use --format onnx,gguf")
     if quantize not in CHOICES:
         raise PrefixEdgeError(f"unknown quantization {quantize!r}; choose one of {', '.join(CHOICES)}")
+    if gguf_quant not in (None, KEEP, *GGUF_QUANT_CHOICES):
+        raise PrefixEdgeError(f"unknown GGUF quantization {gguf_quant!r}; choose one of "
+                              f"{', '.join((KEEP,) + GGUF_QUANT_CHOICES)}")
     if model is None:
         model = default_model_path()
         tasks_file = tasks_file or default_tasks_file()
@@ -46,8 +63,9 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path, format
     tmp.mkdir()
     try:
         with Stages(progress) as st:
-            manifest = _build(Path(model), specs, tmp, quantize, st)
+            manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st)
             manifest.extra["export_seconds"] = st.timings
+            manifest.write(tmp)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -65,13 +83,13 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(model: Path, specs, root: Path, quantize: str, st: Stages) -> Manifest:
+def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
+           st: Stages) -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from ..quantize.onnx import quantize_onnx
-    from .bake import bake_onnx, prefix_ids
-    from .onnx import export_onnx
+    from ..runtime.backend import open_backend
+    from .bake import bake, prefix_ids
     from .source import eos_ids, model_info, prepare_hf_dir
 
     work = root / "_work"
@@ -90,32 +108,74 @@ def _build(model: Path, specs, root: Path, quantize: str, st: Stages) -> Manifes
     rt_tok = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
     ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx) for name, r in rendered.items()}  # fail fast
 
-    with st.stage("export ONNX (fp32)"):
-        fp32 = export_onnx(hf_dir, work / "onnx-fp32")
-    with st.stage(f"quantize ONNX ({quantize})"):
-        onnx_dir = root / "onnx"
-        quantize_onnx(fp32, onnx_dir / "model.onnx", quantize)
+    backends = {}
+    if "onnx" in formats:
+        backends["onnx"] = _onnx_model(hf_dir, root / "onnx" / "model.onnx", quantize, work, st)
+    if "gguf" in formats:
+        backends["gguf"] = _gguf_model(model, hf_dir, root / "gguf" / "model.gguf", gguf_quant, work, st)
     shutil.rmtree(work)
+    for name, b in backends.items():
+        b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / name).iterdir())])
 
-    model_files = sorted(str(p.relative_to(root)) for p in onnx_dir.iterdir())
-    onnx_info = BackendInfo(files=hash_files(root, model_files), kv_dtype="", quantization=quantize)
     tokenizer = TokenizerInfo(file="tokenizer/tokenizer.json",
                               sha256=sha256_file(root / "tokenizer/tokenizer.json"),
                               chat_template_sha256=text_hash(chat_template))
-    manifest = Manifest(model=info, tokenizer=tokenizer, backends={"onnx": onnx_info}, tasks={},
+    manifest = Manifest(model=info, tokenizer=tokenizer, backends=backends, tasks={},
                         created_by=f"prefix-edge {__version__}")
     manifest.extra["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-    (root / "tasks").mkdir()
-    with st.stage("bake task prefixes (onnx)", total=len(specs)) as advance:
-        baked = bake_onnx(root / "onnx" / "model.onnx", manifest, ids, root, advance)
     for s in specs:
         r = rendered[s.name]
-        n_tokens, prefix_file = baked[s.name]
         manifest.tasks[s.name] = TaskInfo(
-            kind=s.kind, chat=r.chat, prefix_tokens=n_tokens, input_before=r.input_before,
-            input_after=r.input_after, template=r.template, defaults=dict(s.defaults),
-            prefixes={"onnx": prefix_file})
-    manifest.write(root)
+            kind=s.kind, chat=r.chat, prefix_tokens=len(ids[s.name]), input_before=r.input_before,
+            input_after=r.input_after, template=r.template, defaults=dict(s.defaults), prefixes={})
+
+    (root / "tasks").mkdir()
+    n_ctx = max(len(v) for v in ids.values()) + 8
+    for name in backends:
+        with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
+            model_file = next(f for f in backends[name].files if f.endswith("." + name))
+            be = open_backend(name, root / model_file, n_ctx=n_ctx)
+            try:
+                baked = bake(be, manifest, ids, root, advance)
+            finally:
+                be.close()
+        for task, entry in baked.items():
+            manifest.tasks[task].prefixes[name] = entry
     return manifest
 
+
+def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages) -> BackendInfo:
+    from ..quantize.onnx import quantize_onnx
+    from .onnx import export_onnx
+
+    with st.stage("export ONNX (fp32)"):
+        fp32 = export_onnx(hf_dir, work / "onnx-fp32")
+    with st.stage(f"quantize ONNX ({quantize})"):
+        quantize_onnx(fp32, dst, quantize)
+    return BackendInfo(files={}, kv_dtype="", quantization=quantize)
+
+
+def _gguf_model(model: Path, hf_dir: Path, dst: Path, quant: str | None, work: Path,
+                st: Stages) -> BackendInfo:
+    from ..quantize.gguf import quantize_gguf
+    from .gguf import convert_hf_to_gguf, file_type_name
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if model.suffix == ".gguf":
+        if quant in (None, KEEP):
+            with st.stage(f"copy GGUF ({file_type_name(model)})"):
+                shutil.copyfile(model, dst)
+        else:
+            with st.stage(f"re-quantize GGUF ({quant})"):
+                quantize_gguf(model, dst, quant, allow_requantize=True)
+    else:
+        quant = DEFAULT_GGUF_QUANT if quant in (None, KEEP) else quant
+        with st.stage("convert to GGUF"):
+            if quant in ("f32", "f16"):
+                convert_hf_to_gguf(hf_dir, dst, quant)
+            else:
+                convert_hf_to_gguf(hf_dir, work / "model-f32.gguf", "f32")
+        if quant not in ("f32", "f16"):
+            with st.stage(f"quantize GGUF ({quant})"):
+                quantize_gguf(work / "model-f32.gguf", dst, quant)
+    return BackendInfo(files={}, kv_dtype="", quantization=file_type_name(dst))

@@ -312,3 +312,21 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise PrefixEdgeError(f"missing {path}")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def file_type_name(path: Path) -> str:
+    """The weight type a GGUF file declares (general.file_type), as llama.cpp names it: q4_1, f16..."""
+    import gguf
+
+    try:
+        field = gguf.GGUFReader(str(path)).get_field(gguf.Keys.General.FILE_TYPE)
+    except Exception as e:
+        raise PrefixEdgeError(f"{path}: not a readable GGUF file ({e})") from None
+    if field is None:
+        return "unknown"
+    value = int(field.parts[field.data[0]][0])
+    try:
+        name = gguf.LlamaFileType(value).name
+    except ValueError:
+        return f"type-{value}"
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()

@@ -34,9 +34,10 @@ _FTYPES = {
 GGUF_QUANT_CHOICES = tuple(_FTYPES)
 
 
-def quantize_gguf(src: Path, dst: Path, qtype: str) -> None:
+def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = False) -> None:
     """Quantize the GGUF model `src` into `dst` with llama.cpp's `qtype` (see GGUF_QUANT_CHOICES).
-    Norms and other 1-D tensors stay f32, as llama.cpp decides."""
+    Norms and other 1-D tensors stay f32, as llama.cpp decides. `allow_requantize` lets an
+    already-quantized source be re-quantized (quality suffers; llama.cpp refuses by default)."""
     src, dst = Path(src), Path(dst)
     if qtype not in _FTYPES:
         raise PrefixEdgeError(f"unknown GGUF quantization {qtype!r}; choose one of "
@@ -45,18 +46,17 @@ def quantize_gguf(src: Path, dst: Path, qtype: str) -> None:
         raise PrefixEdgeError(f"no GGUF file at {src}")
     if dst.resolve() == src.resolve():
         raise PrefixEdgeError(f"quantizing {src} onto itself; choose another output path")
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise PrefixEdgeError("GGUF quantization needs llama-cpp-python: "
-                              "pip install 'prefix-edge[llama]'") from e
+    from ..runtime.llama import load_llama_cpp
+
+    llama_cpp = load_llama_cpp()  # raises a clear error without llama-cpp-python; silences its log
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, _FTYPES[qtype])
+    params.allow_requantize = allow_requantize
     dst.parent.mkdir(parents=True, exist_ok=True)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
                                         ctypes.byref(params))
     if rc != 0:
         dst.unlink(missing_ok=True)
         raise PrefixEdgeError(f"llama.cpp failed to quantize {src} to {qtype} (code {rc}); "
-                              f"its log above says why")
+                              f"run with a valid GGUF source")

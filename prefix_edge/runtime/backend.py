@@ -6,6 +6,9 @@ A backend owns one model and one sequence. The generation loop (generate.py) cal
     backend.prefill(ids)         append tokens at the current position, return the last logits
     backend.step(token)          append one token, return its logits
 
+Export bakes a prefix with begin(None) + prefill(prefix ids) + save_prefix(path); the runtime
+loads it with load_prefix(path) and hands it to begin().
+
 Sampling, stop strings, detokenization and streaming live above this seam, once.
 """
 
@@ -31,6 +34,11 @@ class Prefix:
 class Backend(Protocol):
     name: str
     device: str
+    n_ctx: int
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    kv_dtype_name: str
 
     def load_prefix(self, path: Path) -> Prefix: ...
 
@@ -42,4 +50,29 @@ class Backend(Protocol):
 
     def step(self, token: int) -> np.ndarray: ...
 
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None: ...
+
+    def state_info(self) -> dict: ...
+
     def close(self) -> None: ...
+
+
+BACKENDS = ("onnx", "gguf")
+MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
+
+
+def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int | None = None,
+                 n_ctx: int = 2048) -> Backend:
+    """The one place that maps a backend name to its implementation (imported lazily: the
+    gguf backend needs llama-cpp-python, the onnx one onnxruntime)."""
+    if name == "onnx":
+        from .onnx import OnnxBackend
+
+        return OnnxBackend(model_path, device=device, threads=threads, n_ctx=n_ctx)
+    if name == "gguf":
+        from .llama import LlamaBackend
+
+        return LlamaBackend(model_path, device=device, threads=threads, n_ctx=n_ctx)
+    from ..errors import PrefixEdgeError
+
+    raise PrefixEdgeError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -15,11 +15,12 @@ import numpy as np
 from ..bundle import Manifest, hash_files
 from ..errors import PrefixEdgeError
 from ..tasks import check_generation, fill_template
+from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .sampling import Sampler
 from .text import TextStream
 
-BACKENDS = ("onnx",)
+AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": []}
 
@@ -47,6 +48,12 @@ class Result:
     stats: Stats
 
 
+def _importable(backend: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec({"onnx": "onnxruntime", "gguf": "llama_cpp"}[backend]) is not None
+
+
 class Runtime:
     """A bundle opened for generation. Use as a context manager or call close()."""
 
@@ -54,12 +61,16 @@ class Runtime:
                  prefix_cache_size: int):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
         self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size)
-        self.n_ctx = manifest.model.n_ctx
+        self.n_ctx = backend.n_ctx
         self.eos = set(manifest.model.eos_token_ids)
 
     @classmethod
-    def open(cls, path: str | Path | None = None, backend: str = "onnx", device: str = "cpu",
-             threads: int | None = None, prefix_cache_size: int = 4) -> "Runtime":
+    def open(cls, path: str | Path | None = None, backend: str = "auto", device: str = "cpu",
+             threads: int | None = None, prefix_cache_size: int = 4,
+             n_ctx: int | None = None) -> "Runtime":
+        """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
+        gguf, then onnx). n_ctx caps the context (default: the model's, at most 4096 for
+        gguf, whose KV cache is allocated up front)."""
         from tokenizers import Tokenizer
 
         from ..paths import default_bundle
@@ -70,9 +81,10 @@ class Runtime:
                 f"no default bundle at {root}; create it with: prefix-edge export")
         manifest = Manifest.read(root)
         if backend == "auto":
-            backend = next((b for b in BACKENDS if b in manifest.backends), "onnx")
+            backend = next((b for b in AUTO_ORDER if b in manifest.backends and _importable(b)),
+                           next(iter(manifest.backends), "onnx"))
         if backend not in BACKENDS:
-            raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+            raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
         if backend not in manifest.backends:
             raise PrefixEdgeError(f"bundle {root} has no {backend} model (it has: "
                                   f"{', '.join(manifest.backends) or 'none'})")
@@ -90,10 +102,15 @@ class Runtime:
             raise PrefixEdgeError(
                 f"bundle {root}: the manifest's {backend} fingerprint does not match its contents "
                 "(the manifest was edited or the bundle is mixed); re-export the bundle")
-        from .onnx import OnnxBackend
-
-        model_file = next(f for f in info.files if f.endswith(".onnx"))
-        be = OnnxBackend(root / model_file, device=device, threads=threads)
+        ctx = manifest.model.n_ctx if backend == "onnx" else min(manifest.model.n_ctx, 4096)
+        ctx = min(ctx, n_ctx) if n_ctx else ctx
+        model_file = next(f for f in info.files if f.endswith(MODEL_SUFFIX[backend]))
+        be = open_backend(backend, root / model_file, device=device, threads=threads, n_ctx=ctx)
+        if be.state_info() != info.state:
+            be.close()
+            raise PrefixEdgeError(
+                f"bundle {root}: its {backend} prefixes were baked for KV state {info.state}, this "
+                f"runtime restores {be.state_info()} (another llama.cpp version?); re-export the bundle")
         tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
         return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size)
 

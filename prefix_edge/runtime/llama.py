@@ -29,7 +29,8 @@ _LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.
 _BACKEND_READY = False
 
 
-def _llama():
+def load_llama_cpp():
+    """Import llama_cpp with its logging silenced and its backend initialised."""
     global _LOG_CALLBACK, _BACKEND_READY
     try:
         import llama_cpp
@@ -49,7 +50,7 @@ def state_version() -> str:
     """What a seq-state blob depends on besides the model, for the prefix fingerprint. The blob
     carries no version of its own; the session / seq-file versions mark llama.cpp's state
     format changes, and the package version pins the rest."""
-    L = _llama()
+    L = load_llama_cpp()
     return (f"{STATE_FORMAT}/magic={SEQ_STATE_MAGIC:08x}/session={L.LLAMA_SESSION_VERSION}"
             f"/seq={L.LLAMA_STATE_SEQ_VERSION}/llama-cpp-python={L.__version__}")
 
@@ -62,7 +63,7 @@ def _format_part(version: str) -> str:
 def available_devices() -> list[str]:
     import sys
 
-    L = _llama()
+    L = load_llama_cpp()
     if not L.llama_supports_gpu_offload():
         return ["cpu"]
     return ["cpu", "metal" if sys.platform == "darwin" else "cuda"]
@@ -74,7 +75,7 @@ class LlamaBackend:
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool = False):
-        L = self._L = _llama()
+        L = self._L = load_llama_cpp()
         self.model = self.ctx = self.batch = None
         devices = available_devices()
         if device == "auto":
@@ -282,6 +283,17 @@ class LlamaBackend:
         blob = bytes(buf)
         check_seq_state(parse_seq_state(blob), self.expected_state(self.pos))
         return blob
+
+    def state_info(self) -> dict:
+        """What restoring a prefix depends on beyond the model file (recorded in the manifest)."""
+        return {"format": _format_part(self.state_version), "v_trans": self.v_trans,
+                "kv_type": self.kv_type}
+
+    kv_dtype_name = "float16"
+
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file."""
+        write_prefix(path, ids, self.state_blob(), metadata)
 
     def _live(self) -> None:
         if self.ctx is None:

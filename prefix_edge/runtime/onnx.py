@@ -30,7 +30,8 @@ def available_devices() -> list[str]:
 class OnnxBackend:
     name = "onnx"
 
-    def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None):
+    def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
+                 n_ctx: int = 2048):
         import onnxruntime as ort
 
         if device == "auto":
@@ -41,7 +42,7 @@ class OnnxBackend:
                 "(install prefix-edge[gpu] instead of onnxruntime, with a CUDA driver present)")
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
-        self.device = device
+        self.device, self.n_ctx = device, n_ctx
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -98,9 +99,17 @@ class OnnxBackend:
         with safe_open(str(path), framework="np") as f:
             return f.get_tensor("prefix_ids").astype(np.int64)
 
-    def kv_tensors(self) -> dict[str, np.ndarray]:
-        """The current sequence's KV, keyed as the prefix file stores it."""
-        return dict(zip(self.past_names, self.past))
+    def state_info(self) -> dict:
+        """What restoring a prefix depends on beyond the model files (recorded in the manifest)."""
+        return {}
+
+    @property
+    def kv_dtype_name(self) -> str:
+        return np.dtype(self.kv_dtype).name
+
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file."""
+        write_prefix(path, ids, dict(zip(self.past_names, self.past)), metadata)
 
     # -- the sequence ---------------------------------------------------------------------
     def begin(self, prefix: Prefix | None) -> None:
@@ -135,5 +144,4 @@ def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadat
 
     tensors = {k: np.ascontiguousarray(v) for k, v in kv.items()}
     tensors["prefix_ids"] = np.asarray(ids, np.int64)
-    save_file(tensors, str(path), metadata=metadata)
-    Path(path).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
+    save_file(tensors, str(path), metadata={**metadata, "backend": "onnx"})
