@@ -24,20 +24,23 @@ def test_default_bundle_has_the_demo_tasks(home):
     info = json.loads(cli("inspect", "--json", env=home).stdout)
     assert info["model"]["n_layers"] == 30 and info["model"]["n_kv_heads"] == 3
     assert info["backends"]["onnx"]["quantization"] == "int4"
+    assert info["backends"]["gguf"]["quantization"] == "q4_1"  # the shipped GGUF, kept as it is
     lengths = {k: t["prefix_tokens"] for k, t in info["tasks"].items()}
     assert len(lengths) >= 4 and sum(n >= 200 for n in lengths.values()) >= 2, lengths
 
 
-def test_longest_task_baked_equals_prefilled(home):
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_longest_task_baked_equals_prefilled(home, backend):
     info = json.loads(cli("inspect", "--json", env=home).stdout)
     task = max(info["tasks"], key=lambda k: info["tasks"][k]["prefix_tokens"])
     q = "I deleted a folder by mistake three weeks ago on the Free plan. Can I get it back?"
-    a = run_json("--task", task, "--max-tokens", "32", q, env=home)
-    b = run_json("--task", task, "--max-tokens", "32", "--no-prefix-cache", q, env=home)
+    a = run_json("--backend", backend, "--task", task, "--max-tokens", "32", q, env=home)
+    b = run_json("--backend", backend, "--task", task, "--max-tokens", "32", "--no-prefix-cache", q, env=home)
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) > 5
     assert a["stats"]["prefix_tokens"] >= 200
 
 
-def test_classifier_answers_with_a_label(home):
-    out = run_json("--task", "sentiment", "The hinge snapped after two days and the seller ignored me.", env=home)
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_classifier_answers_with_a_label(home, backend):
+    out = run_json("--backend", backend, "--task", "sentiment", "The hinge snapped after two days and the seller ignored me.", env=home)
     assert out["text"].strip().lower() in {"positive", "negative", "neutral"}, out["text"]
