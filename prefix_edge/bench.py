@@ -1,0 +1,237 @@
+"""`prefix-edge bench`: what the prefix cache buys, measured against baselines in the same run.
+
+Everything here runs through the runtime's own Backend objects (no torch in this process);
+peers that need other libraries run as subprocesses from `benchmarks/`. Each figure is the
+median of several runs, with its ratio to the baseline measured in the same run:
+
+  a. TTFT with the prefix prefilled vs restored from its baked file, per prefix length
+  b. task switch: requests alternating over 3 tasks of ~1k tokens, ms until the prefix is ready
+  c. decode tok/s vs a plain llama-cpp-python loop (gguf) and optimum's generate (onnx)
+  d. cold start (open bundle -> first token) and peak RSS of a run, in a fresh process
+  e. bytes per prefix token stored
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import Manifest
+from .errors import PrefixEdgeError
+
+# Deterministic filler text for synthetic prefixes of any length (tokenized by the bundle's
+# tokenizer; only the token count matters for timing).
+_CORPUS = (
+    "The support desk answers questions about storage plans, billing, devices and sync. "
+    "Files deleted from a device stay in the trash for a number of days that depends on the plan. "
+    "Customers can resume sync from the network settings when a metered connection paused it. "
+    "Refunds for annual plans are paid within fourteen days of the cancellation request. "
+)
+_INPUT = "Question {i}: how do I move my photos from an old phone to the new tablet without losing albums? "
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _median(xs) -> float:
+    return round(float(statistics.median(xs)), 3)
+
+
+def _ids(tokenizer, text: str, n: int) -> np.ndarray:
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    while len(ids) < n:
+        ids = ids + ids
+    return np.array(ids[:n], np.int64)
+
+
+class Bench:
+    def __init__(self, bundle: Path, threads: int, runs: int, log=print):
+        from tokenizers import Tokenizer
+
+        self.bundle, self.threads, self.runs, self.log = bundle, threads, runs, log
+        self.manifest = Manifest.read(bundle)
+        self.tokenizer = Tokenizer.from_file(str(bundle / self.manifest.tokenizer.file))
+        self.tmp = Path(tempfile.mkdtemp(prefix="prefix-edge-bench-"))
+
+    def model_file(self, backend: str) -> Path:
+        info = self.manifest.backends[backend]
+        return self.bundle / next(f for f in info.files if f.endswith("." + backend))
+
+    def open(self, backend: str, n_ctx: int):
+        from .runtime.backend import open_backend
+
+        return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx)
+
+    def bake(self, be, ids: np.ndarray, name: str) -> Path:
+        path = self.tmp / f"{be.name}-{name}.safetensors"
+        be.begin(None)
+        be.prefill(ids)
+        be.save_prefix(path, ids, {"fingerprint": "bench", "task": name})
+        return path
+
+    # a. TTFT ------------------------------------------------------------------------------
+    def ttft(self, be, lengths: list[int], n_input: int) -> list[dict]:
+        rows = []
+        inp = _ids(self.tokenizer, _INPUT.format(i=0), n_input)
+        for P in lengths:
+            ids = _ids(self.tokenizer, _CORPUS, P)
+            path = self.bake(be, ids, f"p{P}")
+            restored, prefilled = [], []
+            for _ in range(self.runs):
+                t0 = time.perf_counter()
+                prefix = be.load_prefix(path)
+                be.begin(prefix)
+                int(np.argmax(be.prefill(inp)))
+                restored.append(_ms(t0))
+            for _ in range(max(2, self.runs // 2)):
+                t0 = time.perf_counter()
+                be.begin(None)
+                int(np.argmax(be.prefill(np.concatenate([ids, inp]))))
+                prefilled.append(_ms(t0))
+            row = {"backend": be.name, "prefix_tokens": P, "input_tokens": n_input,
+                   "ttft_prefilled_ms": _median(prefilled), "ttft_restored_ms": _median(restored),
+                   "prefix_file_bytes": path.stat().st_size,
+                   "bytes_per_prefix_token": round(path.stat().st_size / P, 1)}
+            row["speedup"] = round(row["ttft_prefilled_ms"] / row["ttft_restored_ms"], 2)
+            self.log(f"  {be.name} P={P}: prefilled {row['ttft_prefilled_ms']:.1f} ms, "
+                     f"restored {row['ttft_restored_ms']:.1f} ms ({row['speedup']}x)")
+            rows.append(row)
+        return rows
+
+    # b. task switch ---------------------------------------------------------------------
+    def task_switch(self, be, P: int = 1024, requests: int = 12) -> dict:
+        paths = [self.bake(be, _ids(self.tokenizer, _INPUT.format(i=k) + _CORPUS, P), f"switch{k}")
+                 for k in range(3)]
+        prefixes = [be.load_prefix(p) for p in paths]  # what the runtime's LRU holds
+        warm, cold = [], []
+        for r in range(requests):
+            k = r % 3
+            t0 = time.perf_counter()
+            be.begin(prefixes[k])
+            warm.append(_ms(t0))
+            t0 = time.perf_counter()
+            be.begin(be.load_prefix(paths[k]))
+            cold.append(_ms(t0))
+        out = {"backend": be.name, "prefix_tokens": P, "tasks": 3, "requests": requests,
+               "switch_ms_lru": _median(warm), "switch_ms_from_file": _median(cold)}
+        self.log(f"  {be.name} task switch (P={P}): {out['switch_ms_lru']:.2f} ms from memory, "
+                 f"{out['switch_ms_from_file']:.2f} ms from file")
+        return out
+
+    # c. decode --------------------------------------------------------------------------
+    def decode(self, be, n_tokens: int = 64, P: int = 128) -> dict:
+        from .runtime.text import TextStream
+
+        ids = _ids(self.tokenizer, _CORPUS, P)
+        prefix = be.load_prefix(self.bake(be, ids, "decode"))
+        speeds = []
+        for _ in range(self.runs):
+            be.begin(prefix)
+            logits = be.prefill(_ids(self.tokenizer, _INPUT.format(i=1), 8))
+            stream = TextStream(self.tokenizer, [])
+            t0 = time.perf_counter()
+            for _ in range(n_tokens):
+                tok = int(np.argmax(logits))
+                stream.push(tok)
+                logits = be.step(tok)
+            speeds.append(n_tokens / (time.perf_counter() - t0))
+        return {"backend": be.name, "tokens": n_tokens, "context": P + 8, "tok_s": _median(speeds)}
+
+    def peer(self, script: str, *args) -> dict | None:
+        cmd = [sys.executable, str(BENCH_DIR / script), *map(str, args)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+            self.log(f"  peer {script} did not run: {tail}")
+            return {"error": tail}
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    # d. cold start + RSS ----------------------------------------------------------------
+    def cold_start(self, backend: str) -> dict:
+        task = max(self.manifest.tasks, key=lambda t: self.manifest.tasks[t].prefix_tokens)
+        code = (
+            "import time, resource, sys, json\n"
+            "t0 = time.perf_counter()\n"
+            "from prefix_edge import Runtime\n"
+            f"rt = Runtime.open({str(self.bundle)!r}, backend={backend!r}, threads={self.threads})\n"
+            f"r = rt.generate({task!r}, 'Where can I see if the service is down?', max_tokens=1)\n"
+            "first = (time.perf_counter() - t0) * 1e3\n"
+            f"rt.generate({task!r}, 'Where can I see if the service is down?', max_tokens=32)\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'optimum'})\n"
+            "print(json.dumps({'cold_start_ms': first, 'peak_rss_bytes': "
+            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 'heavy_imports': heavy}))\n")
+        runs = []
+        for _ in range(3):
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise PrefixEdgeError(f"cold-start run failed: {p.stderr.strip().splitlines()[-1:]}")
+            runs.append(json.loads(p.stdout))
+        info = self.manifest.backends[backend]
+        model_bytes = sum((self.bundle / f).stat().st_size for f in info.files)
+        prefix_bytes = self.manifest.tasks[task].prefixes[backend].bytes
+        rss = _median(r["peak_rss_bytes"] for r in runs)
+        out = {"backend": backend, "task": task, "cold_start_ms": _median(r["cold_start_ms"] for r in runs),
+               "peak_rss_mb": round(rss / 1e6, 1), "model_mb": round(model_bytes / 1e6, 1),
+               "prefix_mb": round(prefix_bytes / 1e6, 2),
+               "rss_ratio": round(rss / (model_bytes + prefix_bytes), 2),
+               "torch_in_process": bool(runs[0]["heavy_imports"])}
+        self.log(f"  {backend} cold start {out['cold_start_ms']:.0f} ms, peak RSS {out['peak_rss_mb']} MB "
+                 f"({out['rss_ratio']}x model+prefix)")
+        return out
+
+
+def machine_info(threads: int) -> dict:
+    import onnxruntime
+
+    info = {"cpu_count": os.cpu_count(), "threads": threads, "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__}
+    try:
+        import llama_cpp
+
+        info["llama_cpp_python"] = llama_cpp.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: int, threads: int,
+              runs: int, peers: bool = True, log=print) -> dict:
+    b = Bench(bundle, threads, runs, log)
+    report = {"bundle": str(bundle), "machine": machine_info(threads), "runs": runs,
+              "ttft": [], "task_switch": [], "decode": [], "cold_start": []}
+    n_ctx = max(lengths) + n_input + 16
+    for name in backends:
+        if name not in b.manifest.backends:
+            raise PrefixEdgeError(f"bundle {bundle} has no {name} model")
+        log(f"[{name}]")
+        ctx = max(n_ctx, 1024 + 64)
+        be = b.open(name, ctx)
+        try:
+            report["ttft"] += b.ttft(be, lengths, n_input)
+            report["task_switch"].append(b.task_switch(be))
+            dec = b.decode(be)
+        finally:
+            be.close()
+        if peers:
+            script, args = {"gguf": ("llama_cpp_loop.py", [b.model_file("gguf"), threads, 64, 128 + 8, ctx]),
+                            "onnx": ("optimum_generate.py", [bundle, threads, 64, 128 + 8])}[name]
+            dec["baseline"] = b.peer(script, *args)
+            base = (dec["baseline"] or {}).get("tok_s")
+            dec["ratio"] = round(dec["tok_s"] / base, 3) if base else None
+        log(f"  {name} decode {dec['tok_s']:.1f} tok/s" +
+            (f" vs baseline {dec['baseline'].get('tok_s')} ({dec.get('ratio')}x)" if dec.get("baseline") else ""))
+        report["decode"].append(dec)
+        report["cold_start"].append(b.cold_start(name))
+    return report

@@ -1,0 +1,128 @@
+"""`prefix-edge bench`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+TARGETS = {  # the ratios this project holds itself to (README, Performance)
+    "ttft_speedup_at_1024": 20.0,
+    "task_switch_ms": 5.0,
+    "gguf_decode_vs_llama_cpp": 0.97,
+    "onnx_decode_vs_optimum": 1.5,
+    "rss_ratio": 1.3,
+}
+
+
+@app.command()
+def bench(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Comma-separated backends (default: all in the bundle)."),
+    prefix_lengths: str = typer.Option("128,512,1024,2048", "--prefix-lengths"),
+    input_tokens: int = typer.Option(32, "--input-tokens"),
+    threads: int = typer.Option(min(os.cpu_count() or 1, 4), "--threads"),
+    runs: int = typer.Option(5, "--runs", help="Runs per figure (medians are reported)."),
+    peers: bool = typer.Option(True, "--peers/--no-peers", help="Run the peer baselines from benchmarks/."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the report as JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot of TTFT vs prefix length (needs matplotlib)."),
+) -> None:
+    """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS."""
+    from ..bench import run_bench
+    from ..bundle import Manifest
+    from ..errors import PrefixEdgeError
+    from ..paths import default_bundle
+
+    root = bundle or default_bundle()
+    manifest = Manifest.read(root)
+    names = [b.strip() for b in backend.split(",")] if backend else list(manifest.backends)
+    try:
+        lengths = [int(x) for x in prefix_lengths.split(",") if x.strip()]
+    except ValueError:
+        raise PrefixEdgeError(f"--prefix-lengths must be integers, got {prefix_lengths!r}") from None
+    report = run_bench(root, names, lengths, input_tokens, threads, runs, peers=peers,
+                       log=lambda m: typer.echo(m, err=True))
+    report["targets"] = check_targets(report)
+    print_table(report)
+    if out:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        typer.echo(f"report written to {out}", err=True)
+    if plot:
+        write_plot(report, plot)
+        typer.echo(f"plot written to {plot}", err=True)
+
+
+def check_targets(report: dict) -> dict:
+    res = {}
+    for row in report["ttft"]:
+        if row["prefix_tokens"] == 1024:
+            res[f"{row['backend']}: cached TTFT >= 20x prefilled at P=1024"] = row["speedup"] >= TARGETS["ttft_speedup_at_1024"]
+    for row in report["task_switch"]:
+        res[f"{row['backend']}: task switch <= 5 ms (1k prefix, from memory)"] = row["switch_ms_lru"] <= TARGETS["task_switch_ms"]
+    for row in report["decode"]:
+        if row.get("ratio") is not None:
+            key = "gguf_decode_vs_llama_cpp" if row["backend"] == "gguf" else "onnx_decode_vs_optimum"
+            res[f"{row['backend']}: decode >= {TARGETS[key]}x its peer"] = row["ratio"] >= TARGETS[key]
+    for row in report["cold_start"]:
+        res[f"{row['backend']}: peak RSS <= 1.3x (model + prefix)"] = row["rss_ratio"] <= TARGETS["rss_ratio"]
+        res[f"{row['backend']}: no torch in the process"] = not row["torch_in_process"]
+    return res
+
+
+def print_table(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    t = Table("backend", "prefix tokens", "TTFT prefilled ms", "TTFT restored ms", "speedup", "bytes/prefix token",
+              title=f"TTFT, {report['ttft'][0]['input_tokens'] if report['ttft'] else '?'} input tokens, "
+                    f"{report['machine']['threads']} threads, {report['machine']['cpu_count']} cores")
+    for r in report["ttft"]:
+        t.add_row(r["backend"], str(r["prefix_tokens"]), f"{r['ttft_prefilled_ms']:.1f}",
+                  f"{r['ttft_restored_ms']:.1f}", f"{r['speedup']:.1f}x", f"{r['bytes_per_prefix_token']:.0f}")
+    c.print(t)
+    t = Table("backend", "switch ms (LRU)", "switch ms (file)", "decode tok/s", "peer tok/s", "ratio",
+              "cold start ms", "peak RSS MB", "RSS / (model+prefix)")
+    by = {k: {r["backend"]: r for r in report[k]} for k in ("task_switch", "decode", "cold_start")}
+    for name in by["decode"]:
+        s, d, cs = by["task_switch"][name], by["decode"][name], by["cold_start"][name]
+        peer = (d.get("baseline") or {}).get("tok_s")
+        t.add_row(name, f"{s['switch_ms_lru']:.2f}", f"{s['switch_ms_from_file']:.2f}", f"{d['tok_s']:.1f}",
+                  f"{peer}" if peer else "-", f"{d['ratio']:.2f}x" if d.get("ratio") else "-",
+                  f"{cs['cold_start_ms']:.0f}", f"{cs['peak_rss_mb']}", f"{cs['rss_ratio']}")
+    c.print(t)
+    for k, ok in report.get("targets", {}).items():
+        c.print(f"{'[green]holds' if ok else '[red]misses'}[/]  {k}")
+
+
+def write_plot(report: dict, path: Path) -> None:
+    from ..errors import PrefixEdgeError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PrefixEdgeError("--plot needs matplotlib: pip install 'prefix-edge[bench]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in sorted({r["backend"] for r in report["ttft"]}):
+        rows = [r for r in report["ttft"] if r["backend"] == name]
+        xs = [r["prefix_tokens"] for r in rows]
+        ax.plot(xs, [r["ttft_prefilled_ms"] for r in rows], "o--", label=f"{name}: prefix prefilled")
+        ax.plot(xs, [r["ttft_restored_ms"] for r in rows], "o-", label=f"{name}: prefix restored")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prefix tokens")
+    ax.set_ylabel("time to first token (ms, median)")
+    m = report["machine"]
+    ax.set_title(f"prefix-edge TTFT ({m['threads']} threads, {m['cpu_count']} cores)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
