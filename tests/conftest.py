@@ -90,6 +90,19 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def prefix_edge_home(tmp_path_factory):
+    """Keep the tests' default bundle and hash cache out of the user's real cache dir."""
+    home = tmp_path_factory.mktemp("prefix-edge-home")
+    old = os.environ.get("PREFIX_EDGE_HOME")
+    os.environ["PREFIX_EDGE_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("PREFIX_EDGE_HOME", None)
+    else:
+        os.environ["PREFIX_EDGE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

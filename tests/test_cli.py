@@ -125,6 +125,9 @@ def test_refuses_edited_manifest(bundle_fp32, tmp_path, edit):
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
 def test_refuses_changed_model_file(bundle_fp32, tmp_path, backend):
     b = shutil.copytree(bundle_fp32, tmp_path / "b")
+    # a first run verifies the files and remembers their hashes (runtime/verify.py) ...
+    assert cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x").returncode == 0
+    # ... a later change to the file is still caught
     rel = f"{backend}/model.{backend}"
     data = bytearray((b / rel).read_bytes())
     data[len(data) - 100] ^= 0x01  # a weight byte near the end of the file
