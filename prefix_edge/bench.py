@@ -157,6 +157,30 @@ class Bench:
             return {"error": tail}
         return json.loads(p.stdout.strip().splitlines()[-1])
 
+    def genai_peer(self, threads: int, n: int, ctx: int) -> dict:
+        """onnxruntime-genai's int4 build of the same weights, from its own virtualenv."""
+        py = BENCH_DIR / ".venv-genai" / "bin" / "python"
+        if not py.exists():
+            return {"error": "not installed: run benchmarks/setup_genai.sh"}
+        from .export.source import DEFAULT_GGUF
+        from .paths import home
+
+        if self.manifest.model.source != DEFAULT_GGUF:
+            return {"error": "only set up for the embedded default model"}
+        cache = home() / "bench-cache" / "genai"
+        hf = cache / "hf"
+        if not (hf / "config.json").exists():  # the same de-quantized weights the bundle came from
+            code = ("import sys; from pathlib import Path; from prefix_edge.export.source import "
+                    "default_model_path, prepare_hf_dir; prepare_hf_dir(default_model_path(), Path(sys.argv[1]))")
+            p = subprocess.run([sys.executable, "-c", code, str(cache)], capture_output=True, text=True)
+            if p.returncode != 0:
+                return {"error": f"cannot prepare the HF weights: {p.stderr.strip().splitlines()[-1:]}"}
+        p = subprocess.run([str(py), str(BENCH_DIR / "genai_generate.py"), str(hf), str(cache), str(threads),
+                            str(n), str(ctx)], capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
     # d. cold start + RSS ----------------------------------------------------------------
     def cold_start(self, backend: str) -> dict:
         task = max(self.manifest.tasks, key=lambda t: self.manifest.tasks[t].prefix_tokens)
@@ -230,6 +254,10 @@ def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: in
             dec["baseline"] = b.peer(script, *args)
             base = (dec["baseline"] or {}).get("tok_s")
             dec["ratio"] = round(dec["tok_s"] / base, 3) if base else None
+            if name == "onnx":
+                dec["genai"] = b.genai_peer(threads, 64, 128 + 8)
+                g = dec["genai"].get("tok_s")
+                dec["genai_ratio"] = round(dec["tok_s"] / g, 3) if g else None
         log(f"  {name} decode {dec['tok_s']:.1f} tok/s" +
             (f" vs baseline {dec['baseline'].get('tok_s')} ({dec.get('ratio')}x)" if dec.get("baseline") else ""))
         report["decode"].append(dec)

@@ -9,6 +9,11 @@ A bundle is a directory:
     tasks/NAME.onnx.safetensors     per task: per-layer K/V of its prefix + the prefix ids
     tasks/NAME.gguf.safetensors     per task: llama.cpp's sequence-state blob + the prefix ids
 
+A task's prefix occupies positions 0..P-1 (`TaskInfo.prefix_tokens` = P). For a trained (peft)
+task the first `n_virtual` of them are virtual tokens, which have no token ids: a prefix file's
+`prefix_ids` then hold only the P - n_virtual text ids after them, and its metadata carries
+`n_virtual` too. Text tasks have n_virtual = 0.
+
 Every backend has a *fingerprint*: the sha256 of everything a baked prefix depends on (model
 file hashes, architecture, layers, KV heads, head dim, RoPE, vocab, tokenizer and chat-template
 hashes, KV dtype, and for llama.cpp its state format and V layout). Each prefix file carries
@@ -75,12 +80,14 @@ class TaskPrefixFile:
 class TaskInfo:
     kind: str
     chat: bool
-    prefix_tokens: int
+    prefix_tokens: int  # KV positions of the prefix, virtual tokens included
     input_before: str
     input_after: str
     template: str
     defaults: dict[str, Any]
     prefixes: dict[str, TaskPrefixFile]  # backend -> file
+    n_virtual: int = 0  # leading virtual (trained) positions of the prefix; they have no ids
+    adapter: dict[str, Any] | None = None  # kind "peft": peft_type, num_virtual_tokens, name, sha256, base_model
 
 
 @dataclass

@@ -9,7 +9,14 @@ A task file holds one table per task:
     template = "Ticket: {input}"
     max_tokens = 128
 
-Rendering happens once, at export. The runtime receives the prefix token ids and the two
+    [task.extract]
+    kind = "peft"
+    adapter = "adapters/extract"      # a PEFT prompt-learning adapter dir, relative to this file
+    chat = false
+
+A `peft` task's prefix is the adapter's virtual tokens (prefix tuning / cartridge KV, or prompt /
+P-tuning soft-prompt embeddings), optionally followed by a text `system`/`examples`/`prefix`
+rendered as for a text task. Rendering happens once, at export. The runtime receives the prefix token ids and the two
 strings that wrap a user's input (``input_before`` + template(input) + ``input_after``), so it
 needs no template engine.
 """
@@ -33,6 +40,7 @@ GEN_KEYS = {
     "stop": list,
 }
 TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
+ALL_KEYS = TEXT_KEYS | {"adapter"}
 KINDS = {"text", "peft"}
 _SENTINEL = "\u2063PREFIX_EDGE_INPUT\u2063"
 
@@ -53,6 +61,12 @@ class TaskSpec:
     template: str = "{input}"
     chat: bool | None = None  # None: decided by whether the tokenizer has a chat template
     defaults: dict[str, Any] = field(default_factory=dict)
+    adapter: Path | None = None  # kind "peft": the adapter dir, resolved against the task file
+    file: Path | None = None     # the task file it came from (for error messages)
+
+    def where(self, key: str | None = None) -> str:
+        """'FILE: task 'NAME'[: key 'KEY']', the start of an error message about this task."""
+        return task_where(self.file, self.name, key)
 
 
 @dataclass(frozen=True)
@@ -66,13 +80,17 @@ class RenderedTask:
     chat: bool
 
 
-def _err(path: Path, task: str | None, key: str | None, msg: str) -> PrefixEdgeError:
-    where = f"{path}"
+def task_where(path: Path | None, task: str | None, key: str | None = None) -> str:
+    where = f"{path}" if path is not None else "task file"
     if task is not None:
         where += f": task '{task}'"
     if key is not None:
         where += f": key '{key}'"
-    return PrefixEdgeError(f"{where}: {msg}")
+    return where
+
+
+def _err(path: Path, task: str | None, key: str | None, msg: str) -> PrefixEdgeError:
+    return PrefixEdgeError(f"{task_where(path, task, key)}: {msg}")
 
 
 def _check_type(path: Path, task: str, key: str, value: Any, typ: type) -> Any:
@@ -107,13 +125,12 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
     if not name.replace("-", "").replace("_", "").isalnum():
         raise _err(path, name, None, "task names may use letters, digits, '-' and '_' only")
     for key in t:
-        if key not in TEXT_KEYS:
-            raise _err(path, name, key, f"unknown key (allowed: {', '.join(sorted(TEXT_KEYS))})")
+        if key not in ALL_KEYS:
+            raise _err(path, name, key, f"unknown key (allowed: {', '.join(sorted(ALL_KEYS))})")
     kind = _check_type(path, name, "kind", t.get("kind", "text"), str)
     if kind not in KINDS:
         raise _err(path, name, "kind", f"must be one of {sorted(KINDS)}, got {kind!r}")
-    if kind == "peft":
-        raise _err(path, name, "kind", "'peft' tasks (trained prefixes) are not supported yet")
+    adapter = _adapter_dir(path, name, kind, t.get("adapter"))
     system = t.get("system")
     if system is not None:
         _check_type(path, name, "system", system, str)
@@ -129,7 +146,7 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         examples.append(Example(ex["user"], ex["assistant"]))
     if prefix is not None and (system is not None or examples):
         raise _err(path, name, "prefix", "give either 'prefix' (raw text) or 'system'/'examples', not both")
-    if prefix is None and system is None and not examples:
+    if kind == "text" and prefix is None and system is None and not examples:
         raise _err(path, name, "prefix", "missing: a text task needs 'system', 'examples' or 'prefix'")
     template = _check_type(path, name, "template", t.get("template", "{input}"), str)
     if template.count("{input}") != 1:
@@ -152,7 +169,27 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         check_generation(defaults)
     except PrefixEdgeError as e:
         raise _err(path, name, None, str(e)) from None
-    return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults)
+    return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults,
+                    adapter, path)
+
+
+def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
+    """The `adapter` key: required for kind "peft" (and only there); relative to the task file."""
+    if kind != "peft":
+        if value is not None:
+            raise _err(path, name, "adapter", "only a kind = \"peft\" task takes an adapter")
+        return None
+    if value is None:
+        raise _err(path, name, "adapter", "missing: a peft task needs the path of a PEFT adapter dir")
+    value = _check_type(path, name, "adapter", value, str)
+    adapter = Path(value).expanduser()
+    if not adapter.is_absolute():
+        adapter = path.parent / adapter
+    if not adapter.is_dir():
+        raise _err(path, name, "adapter", f"adapter dir not found: {adapter}")
+    if not (adapter / "adapter_config.json").is_file():
+        raise _err(path, name, "adapter", f"{adapter} is not a PEFT adapter dir (no adapter_config.json)")
+    return adapter
 
 
 def check_generation(opts: dict[str, Any]) -> None:
@@ -202,7 +239,7 @@ def render_task(spec: TaskSpec, chat_template: str | None, special: dict[str, st
         else:
             parts = [spec.system] if spec.system else []
             parts += [fill_template(spec.template, ex.user) + ex.assistant for ex in spec.examples]
-            prefix = "\n\n".join(parts) + "\n\n"
+            prefix = "\n\n".join(parts) + "\n\n" if parts else ""  # "": a peft task's trained part only
         return RenderedTask(prefix, "", "", spec.template, False)
     msgs = [{"role": "system", "content": spec.system}] if spec.system is not None else []
     for ex in spec.examples:

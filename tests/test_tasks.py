@@ -76,3 +76,51 @@ def test_raw_render(tmp_path):
     (t,) = load_tasks(write(tmp_path, '[task.a]\nprefix = "P: "\ntemplate = "{input} =>"\n'))
     r = render_task(t, CHATML, {})
     assert not r.chat and r.prefix_text == "P: " and r.input_before == r.input_after == ""
+
+
+def _adapter_dir(tmp_path, name="ad"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "adapter_config.json").write_text('{"peft_type": "PREFIX_TUNING"}')
+    return d
+
+
+def test_peft_task(tmp_path):
+    _adapter_dir(tmp_path)
+    (t, u) = load_tasks(write(tmp_path, '''
+[task.a]
+kind = "peft"
+adapter = "ad"
+chat = false
+max_tokens = 3
+
+[task.b]
+kind = "peft"
+adapter = "ad"
+system = "after the trained part"
+template = "Q: {input}"
+'''))
+    assert t.kind == "peft" and t.adapter == tmp_path / "ad" and t.defaults == {"max_tokens": 3}
+    assert u.system == "after the trained part"
+    r = render_task(t, CHATML, {})  # no text: the prefix is the trained part only
+    assert r.prefix_text == "" and not r.chat
+    r = render_task(u, CHATML, {})
+    assert r.prefix_text == "<|im_start|>system\nafter the trained part<|im_end|>\n"
+    assert r.input_before == "<|im_start|>user\n"
+
+
+@pytest.mark.parametrize("body, words", [
+    ('[task.a]\nkind = "peft"\n', "missing"),
+    ('[task.a]\nkind = "peft"\nadapter = "nowhere"\n', "not found"),
+    ('[task.a]\nkind = "peft"\nadapter = "empty"\n', "no adapter_config.json"),
+    ('[task.a]\nkind = "peft"\nadapter = 3\n', "expected str"),
+    ('[task.a]\nsystem = "s"\nadapter = "ad"\n', "only a kind"),
+])
+def test_peft_task_errors_name_the_adapter_key(tmp_path, body, words):
+    _adapter_dir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    p = write(tmp_path, body)
+    with pytest.raises(PrefixEdgeError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert str(p) in msg and "task 'a'" in msg and "key 'adapter'" in msg and words in msg

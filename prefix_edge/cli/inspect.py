@@ -33,9 +33,22 @@ def tasks_cmd(bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bund
     table = Table("task", "kind", "chat", "prefix tokens", "backends", "size")
     for name, t in sorted(m.tasks.items()):
         size = sum(p.bytes for p in t.prefixes.values())
-        table.add_row(name, t.kind, str(t.chat), str(t.prefix_tokens), ",".join(t.prefixes),
+        table.add_row(name, _kind(t), str(t.chat), _tokens(t), ",".join(t.prefixes),
                       f"{size / 1e6:.2f} MB")
     Console().print(table)
+
+
+def _kind(t, with_name: bool = False) -> str:
+    """'text', or 'peft PREFIX_TUNING' (+ ' (adapter dir name)') for a trained prefix."""
+    if not t.adapter:
+        return t.kind
+    name = f" ({t.adapter.get('name', '?')})" if with_name else ""
+    return f"{t.kind} {t.adapter.get('peft_type', '?')}{name}"
+
+
+def _tokens(t) -> str:
+    """Prefix positions; '14 (8 virtual)' when some are a trained prefix's virtual tokens."""
+    return f"{t.prefix_tokens} ({t.n_virtual} virtual)" if t.n_virtual else str(t.prefix_tokens)
 
 
 @app.command()
@@ -53,7 +66,8 @@ def inspect(
         "tokenizer": asdict(m.tokenizer),
         "backends": {k: {**asdict(b), "bytes": sum((root / f).stat().st_size for f in b.files if (root / f).exists())}
                      for k, b in m.backends.items()},
-        "tasks": {k: {"kind": t.kind, "prefix_tokens": t.prefix_tokens,
+        "tasks": {k: {"kind": t.kind, "prefix_tokens": t.prefix_tokens, "n_virtual": t.n_virtual,
+                      "adapter": t.adapter,
                       "bytes": sum(p.bytes for p in t.prefixes.values())} for k, t in m.tasks.items()},
         "extra": m.extra,
     }
@@ -67,5 +81,8 @@ def inspect(
     for k, b in summary["backends"].items():
         typer.echo(f"backend    {k}: {b['quantization']}, KV {b['kv_dtype']}, {b['bytes'] / 1e6:.1f} MB, "
                    f"fingerprint {b['fingerprint'][:16]}")
-    for k, t in sorted(summary["tasks"].items()):
-        typer.echo(f"task       {k}: {t['kind']}, {t['prefix_tokens']} prefix tokens, {t['bytes'] / 1e6:.2f} MB")
+    for k, t in sorted(m.tasks.items()):
+        size = summary["tasks"][k]["bytes"]
+        typer.echo(f"task       {k}: {_kind(t, True)}, {_tokens(t)} prefix tokens, {size / 1e6:.2f} MB")
+    for w in m.extra.get("warnings", []):
+        typer.echo(f"warning    {w}")

@@ -1,4 +1,18 @@
-"""Baking: run each task's prefix through the deployed model and store that backend's KV."""
+"""Baking: run each task's prefix through the deployed model and store that backend's KV.
+
+A text task's prefix is its token ids, prefilled from an empty sequence. A peft task's prefix
+starts with V virtual positions installed from its adapter (export/peft.py):
+
+- prefix tuning / cartridge: the adapter's KV itself, written straight into the backend's
+  format (ONNX: past tensors in the graph's KV dtype; llama.cpp: F16 seq-state cells 0..V-1 with
+  keys permuted into llama.cpp's RoPE layout) and restored like a baked text prefix;
+- prompt tuning / P-tuning: the soft-prompt embeddings decoded at positions 0..V-1 (llama.cpp:
+  an embeddings batch; ONNX: export/soft_prompt.py).
+
+Text after the virtual part (a peft task's `system`/`prefix`) is then prefilled on the deployed
+model, and the whole sequence saved: the prefix file's ids hold only that text, its metadata
+`n_virtual` = V.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +20,38 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Manifest, TaskPrefixFile, sha256_file
+from ..bundle import Manifest, ModelInfo, TaskPrefixFile, sha256_file
 from ..errors import PrefixEdgeError
+from ..runtime.backend import Prefix
 from ..tasks import RenderedTask
 
 PREFIX_FORMAT_VERSION = "1"
 
 
-def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int) -> list[int]:
-    ids = tokenizer.encode(rendered.prefix_text, add_special_tokens=False).ids
-    if not ids:
+def leading_special_ids(tokenizer) -> list[int]:
+    """The ids a tokenizer adds in front of a text (BOS, for tokenizers that add one)."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for k in range(len(full) - len(plain) + 1):
+        if full[k:k + len(plain)] == plain:
+            return full[:k]
+    return []
+
+
+def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int,
+               n_virtual: int = 0) -> list[int]:
+    """The prefix's text ids (after `n_virtual` virtual tokens, for a peft task). A raw-text
+    (chat = false) peft task's text starts with what the tokenizer adds in front of a text, as
+    PEFT sees `tokenizer(text)`: soft prompt / prefix KV first, then BOS and the text."""
+    text = rendered.prefix_text
+    ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
+    if n_virtual and not rendered.chat:
+        ids = leading_special_ids(tokenizer) + ids
+    if not ids and not n_virtual:
         raise PrefixEdgeError(f"task '{name}': the prefix renders to no tokens")
-    if len(ids) + 1 >= n_ctx:
-        raise PrefixEdgeError(f"task '{name}': prefix is {len(ids)} tokens, the model's context is {n_ctx}")
+    if n_virtual + len(ids) + 1 >= n_ctx:
+        what = f"{n_virtual} virtual + {len(ids)} text" if n_virtual else f"{len(ids)}"
+        raise PrefixEdgeError(f"task '{name}': prefix is {what} tokens, the model's context is {n_ctx}")
     return ids
 
 
@@ -30,25 +63,109 @@ def check_geometry(be, manifest: Manifest) -> None:
             f"the model config says {m.n_layers} × {m.n_kv_heads} × {m.head_dim}")
 
 
-def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path,
-         advance) -> dict[str, TaskPrefixFile]:
-    """Bake every task's prefix ids through backend `be` (the deployed model); fill in the
-    backend's KV dtype, state facts and fingerprint in `manifest`. Returns {task: file entry}."""
+def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, advance,
+         adapters: dict | None = None, model_path: Path | None = None) -> dict[str, TaskPrefixFile]:
+    """Bake every task's prefix through backend `be` (the deployed model at `model_path`);
+    `adapters` maps peft tasks to their export.peft.Adapter. Fills in the backend's KV dtype,
+    state facts and fingerprint in `manifest`. Returns {task: file entry}."""
     check_geometry(be, manifest)
+    adapters = adapters or {}
     info = manifest.backends[be.name]
     info.kv_dtype = be.kv_dtype_name
     info.state = be.state_info()
     info.fingerprint = manifest.fingerprint(be.name)
     out = {}
-    for name, ids in task_ids.items():
-        be.begin(None)
-        be.prefill(np.array(ids, np.int64))
-        rel = f"tasks/{name}.{be.name}.safetensors"
-        be.save_prefix(root / rel, np.array(ids, np.int64),
-                       {"fingerprint": info.fingerprint, "task": name,
-                        "prefix_format_version": PREFIX_FORMAT_VERSION})
-        (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
-        out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
-                                   bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)
-        advance()
+    soft = _SoftPrompts(be, manifest.model, model_path)
+    try:
+        for name, ids in task_ids.items():
+            meta = {"fingerprint": info.fingerprint, "task": name,
+                    "prefix_format_version": PREFIX_FORMAT_VERSION}
+            adapter = adapters.get(name)
+            if adapter is None:
+                be.begin(None)
+            else:
+                _begin_virtual(be, adapter, manifest.model, soft)
+                meta["n_virtual"] = str(adapter.n_virtual)
+            if ids:
+                be.prefill(np.array(ids, np.int64))
+            rel = f"tasks/{name}.{be.name}.safetensors"
+            be.save_prefix(root / rel, np.array(ids, np.int64), meta)
+            (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
+            out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
+                                       bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)
+            advance()
+    finally:
+        soft.close()
     return out
+
+
+def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:
+    """Reset `be` to a sequence holding the adapter's V virtual positions."""
+    from .peft import adapter_kv
+
+    if adapter.is_kv:
+        be.begin(kv_prefix(be, *adapter_kv(adapter, m)))
+    elif be.name == "gguf":
+        be.begin(None)
+        be.prefill_embeddings(adapter.embeddings)
+    elif be.name == "onnx":
+        kv = soft.runner().kv(adapter.embeddings)
+        be.begin(Prefix(np.zeros(0, np.int64), kv, {}, sum(t.nbytes for t in kv),
+                        n_virtual=adapter.n_virtual))
+    else:
+        raise PrefixEdgeError(f"no soft-prompt route for the {be.name} backend")
+
+
+def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
+    """A Prefix of V virtual positions for backend `be` from per-layer HF-layout K and V
+    ([n_kv_heads, V, head_dim] each, keys un-rotated as PEFT uses them)."""
+    from .peft import hf_keys_to_llama_cpp
+
+    V = keys[0].shape[1]
+    empty = np.zeros(0, np.int64)
+    if be.name == "onnx":
+        named = {}
+        for l, (k, v) in enumerate(zip(keys, values)):
+            named[f"past_key_values.{l}.key"] = np.ascontiguousarray(k[None], dtype=be.kv_dtype)
+            named[f"past_key_values.{l}.value"] = np.ascontiguousarray(v[None], dtype=be.kv_dtype)
+        kv = [named[n] for n in be.past_names]
+        return Prefix(empty, kv, {}, sum(t.nbytes for t in kv), n_virtual=V)
+    if be.name == "gguf":
+        from ..runtime.seqstate import build_seq_state
+
+        if be.rope_layout == "adjacent":
+            keys = [hf_keys_to_llama_cpp(k) for k in keys]
+        elif be.rope_layout != "halves":
+            raise PrefixEdgeError(f"the GGUF model uses {be.rope_layout}: prefix-edge does not know "
+                                  "its key layout, so it cannot inject a prefix-tuning KV")
+
+        def rows(a: np.ndarray) -> np.ndarray:  # [n_kv, V, d] -> [V, n_kv * d], F16 cells
+            return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(V, -1), dtype=np.float16)
+
+        blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans)
+        state = np.frombuffer(blob, np.uint8)
+        return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
+    raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")
+
+
+class _SoftPrompts:
+    """The ONNX soft-prompt runner, made on first use and closed after baking."""
+
+    def __init__(self, be, m: ModelInfo, model_path: Path | None):
+        self.be, self.m, self.model_path, self._runner = be, m, model_path, None
+
+    def runner(self):
+        if self._runner is None:
+            from .soft_prompt import SoftPromptRunner
+
+            if self.model_path is None:
+                raise PrefixEdgeError("baking a soft prompt needs the deployed ONNX model's path")
+            be = self.be
+            self._runner = SoftPromptRunner(self.model_path, be.past_names, be.n_kv_heads,
+                                            be.head_dim, be.kv_dtype, self.m.hidden_size)
+        return self._runner
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None

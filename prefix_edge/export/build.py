@@ -1,9 +1,9 @@
 """`prefix-edge export`: model + task file → bundle, built in a temp dir and renamed into place.
 
-Stages: source model → tokenizer + task prefix ids (fail fast) → per format: the deployed model
-(ONNX: optimum export + quantization; GGUF: the source GGUF, re-quantized on request, or an HF
-dir converted and quantized) → bake each task's prefix through that deployed model → manifest
-(written last) → atomic rename.
+Stages: source model → tokenizer + task prefix ids, peft adapters read and checked (fail fast)
+→ per format: the deployed model (ONNX: optimum export + quantization; GGUF: the source GGUF,
+re-quantized on request, or an HF dir converted and quantized) → bake each task's prefix through
+that deployed model → manifest (written last) → atomic rename.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st)
             manifest.extra["export_seconds"] = st.timings
+            if st.warnings:
+                manifest.extra["warnings"] = list(st.warnings)
             manifest.write(tmp)
         _replace(tmp, out)
     except BaseException:
@@ -90,6 +92,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     from ..runtime.backend import open_backend
     from .bake import bake, prefix_ids
+    from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
 
     work = root / "_work"
@@ -106,7 +109,13 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     special = {k: getattr(tok, k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     rendered = {s.name: render_task(s, chat_template, special) for s in specs}
     rt_tok = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
-    ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx) for name, r in rendered.items()}  # fail fast
+    adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
+    base_names = [model.name, str(model), _config_name(hf_dir)]
+    for a in adapters.values():
+        check_adapter(a, info, base_names, st.warn)
+    ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx,
+                            adapters[name].n_virtual if name in adapters else 0)
+           for name, r in rendered.items()}
 
     backends = {}
     if "onnx" in formats:
@@ -125,23 +134,37 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     manifest.extra["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for s in specs:
         r = rendered[s.name]
+        a = adapters.get(s.name)
+        n_virtual = a.n_virtual if a else 0
         manifest.tasks[s.name] = TaskInfo(
-            kind=s.kind, chat=r.chat, prefix_tokens=len(ids[s.name]), input_before=r.input_before,
-            input_after=r.input_after, template=r.template, defaults=dict(s.defaults), prefixes={})
+            kind=s.kind, chat=r.chat, prefix_tokens=n_virtual + len(ids[s.name]),
+            input_before=r.input_before, input_after=r.input_after, template=r.template,
+            defaults=dict(s.defaults), prefixes={}, n_virtual=n_virtual,
+            adapter=a.manifest_entry() if a else None)
 
     (root / "tasks").mkdir()
-    n_ctx = max(len(v) for v in ids.values()) + 8
+    n_ctx = max(t.prefix_tokens for t in manifest.tasks.values()) + 8
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
             be = open_backend(name, root / model_file, n_ctx=n_ctx)
             try:
-                baked = bake(be, manifest, ids, root, advance)
+                baked = bake(be, manifest, ids, root, advance, adapters, root / model_file)
             finally:
                 be.close()
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
+
+
+def _config_name(hf_dir: Path) -> str:
+    """The model's `_name_or_path` in its config.json (what transformers recorded), or ""."""
+    import json
+
+    try:
+        return str(json.loads((hf_dir / "config.json").read_text()).get("_name_or_path") or "")
+    except (OSError, ValueError):
+        return ""
 
 
 def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages) -> BackendInfo:

@@ -1,4 +1,12 @@
-"""HF model dir → ONNX decoder graph (optimum-onnx, `text-generation-with-past`)."""
+"""HF model dir → ONNX decoder graph (optimum-onnx, `text-generation-with-past`), then ORT's
+transformer fusions (RotaryEmbedding, SkipSimplifiedLayerNormalization).
+
+The fusions come from `onnxruntime.transformers.optimizer` (its decoder-with-RoPE pattern set,
+registered there as model type "qwen3", matches optimum's Llama/Mistral/Qwen2 graphs too). They
+cut ~30% of the nodes; measured here on the default model's int4 graph: decode +12% (median of
+4 alternating runs), baked-vs-prefilled logits still identical. A graph the patterns do not
+match is kept as exported.
+"""
 
 from __future__ import annotations
 
@@ -30,4 +38,29 @@ def export_onnx(hf_dir: Path, out_dir: Path) -> Path:
     path = out_dir / "model.onnx"
     if not path.is_file():
         raise PrefixEdgeError(f"ONNX export of {hf_dir} produced no model.onnx")
-    return path
+    return fuse(path, hf_dir)
+
+
+def fuse(path: Path, hf_dir: Path) -> Path:
+    """Apply ORT's transformer fusions; return the fused graph's path (or `path` unchanged)."""
+    import json
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    if path.stat().st_size > 1_900_000_000:
+        return path  # the optimizer holds the whole proto in memory: skip for > 2 GB graphs
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            model = optimize_model(str(path), model_type="qwen3", num_heads=cfg["num_attention_heads"],
+                                   hidden_size=cfg["hidden_size"], opt_level=0, use_gpu=False)
+        stats = model.get_fused_operator_statistics()
+    except Exception:
+        return path
+    if not stats.get("RotaryEmbedding") and not stats.get("SkipSimplifiedLayerNormalization"):
+        return path
+    fused = path.with_name("model-fused.onnx")
+    model.save_model_to_file(str(fused))
+    return fused

@@ -14,6 +14,7 @@ class Stages:
         self.console = Console(stderr=True)
         self.enabled = enabled
         self.timings: dict[str, float] = {}
+        self.warnings: list[str] = []
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
                                   disable=not enabled, transient=False)
@@ -33,3 +34,8 @@ class Stages:
         yield lambda n=1: self._progress.advance(tid, n)
         self._progress.update(tid, completed=total)
         self.timings[description] = round(time.perf_counter() - t0, 2)
+
+    def warn(self, msg: str) -> None:
+        """A problem that does not stop the export: one line on stderr, kept in `warnings`."""
+        self.warnings.append(msg)
+        self.console.print(f"warning: {msg}", style="yellow", markup=False, highlight=False)

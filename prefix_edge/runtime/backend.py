@@ -23,12 +23,35 @@ import numpy as np
 
 @dataclass
 class Prefix:
-    """A task prefix as loaded for one backend: its token ids and backend-specific KV state."""
+    """A task prefix as loaded for one backend: its token ids and backend-specific KV state.
 
-    ids: np.ndarray  # int64 [P]
+    The KV covers positions 0..n_tokens-1: first `n_virtual` virtual tokens (a trained prefix;
+    they have no ids), then the text tokens `ids`."""
+
+    ids: np.ndarray  # int64 [n_tokens - n_virtual]: the text part
     kv: Any
     metadata: dict[str, str]
     nbytes: int
+    n_virtual: int = 0
+
+    @property
+    def n_tokens(self) -> int:
+        """KV positions the prefix occupies (virtual + text)."""
+        return self.n_virtual + len(self.ids)
+
+
+def read_n_virtual(metadata: dict[str, str], where: str) -> int:
+    """A prefix file's `n_virtual` metadata (absent: 0), checked."""
+    raw = metadata.get("n_virtual", "0")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        from ..errors import PrefixEdgeError
+
+        raise PrefixEdgeError(f"{where}: metadata n_virtual is {raw!r}, not a count")
+    return n
 
 
 class Backend(Protocol):

@@ -9,8 +9,13 @@ library never shifts by itself, and a full context is an error here, never a shi
 re-rotates cached keys).
 
 Prefix file (safetensors, like the ONNX backend's): `state` uint8 [blob bytes], `prefix_ids`
-int64 [P], metadata {fingerprint, task, ... as given, plus backend, state_format,
-state_version, n_layer, v_trans, kv_type}. The blob is read whole and walked before use.
+int64 [P - n_virtual], metadata {fingerprint, task, n_virtual (trained prefixes: the leading
+cells that have no token id; absent = 0), ... as given, plus backend, state_format,
+state_version, n_layer, v_trans, kv_type, n_tokens (= cells = P)}. The blob is read whole and
+walked before use.
+
+Soft prompts (PEFT prompt / P-tuning) are decoded from embeddings: `prefill_embeddings` sends
+float rows through a `llama_batch` made with `llama_batch_init(n, n_embd, 1)` (no token ids).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix
+from .backend import Prefix, read_n_virtual
 from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 
 STATE_FORMAT = "llama.cpp-seq-state"
@@ -108,6 +113,13 @@ class LlamaBackend:
             int(L.llama_model_n_embd(self.model)) // int(L.llama_model_n_head(self.model)))
         val_len = self.meta(f"{arch}.attention.value_length")
         self.head_dim_v = int(val_len) if val_len else self.head_dim
+        self.n_embd = int(L.llama_model_n_embd(self.model))
+        rope = int(L.llama_model_rope_type(self.model))
+        # Which dims RoPE rotates together in a cached key: "adjacent" (2i, 2i+1; llama.cpp's
+        # NORM, e.g. arch llama, whose GGUF K rows are permuted from HF's) or "halves" (i, i+d/2;
+        # NEOX, HF's own layout). A key from the HF world needs permuting only for "adjacent".
+        self.rope_layout = {L.LLAMA_ROPE_TYPE_NORM: "adjacent",
+                            L.LLAMA_ROPE_TYPE_NEOX: "halves"}.get(rope, f"rope type {rope}")
         self.v_trans = not flash_attn
         self.state_version = state_version()
 
@@ -187,7 +199,8 @@ class LlamaBackend:
         if state.dtype != np.uint8 or state.ndim != 1:
             raise PrefixEdgeError(f"{path}: tensor 'state' is {state.dtype}{list(state.shape)}, "
                                   "expected uint8 [bytes]")
-        prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes))
+        prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes),
+                        n_virtual=read_n_virtual(meta, str(path)))
         self._check(prefix, str(path))
         return prefix
 
@@ -205,7 +218,7 @@ class LlamaBackend:
             raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
         try:
             info = parse_seq_state(prefix.kv)
-            check_seq_state(info, self.expected_state(len(prefix.ids)))
+            check_seq_state(info, self.expected_state(prefix.n_tokens))
         except PrefixEdgeError as e:
             raise PrefixEdgeError(f"{where}: {e}") from None
         if np.any(prefix.ids < 0) or np.any(prefix.ids >= self.n_vocab):
@@ -229,11 +242,11 @@ class LlamaBackend:
             raise PrefixEdgeError(f"llama.cpp refused the prefix KV state (read {n} of "
                                   f"{blob.nbytes} bytes): rebake the prefix for this model")
         last = L.llama_memory_seq_pos_max(self.mem, 0)
-        if last != len(prefix.ids) - 1:
+        if last != prefix.n_tokens - 1:
             L.llama_memory_clear(self.mem, False)
             raise PrefixEdgeError(f"prefix restore left positions up to {last}, "
-                                  f"expected {len(prefix.ids) - 1}")
-        self.pos = len(prefix.ids)
+                                  f"expected {prefix.n_tokens - 1}")
+        self.pos = prefix.n_tokens
 
     def prefill(self, ids: np.ndarray) -> np.ndarray:
         L = self._L
@@ -270,6 +283,47 @@ class LlamaBackend:
 
     def step(self, token: int) -> np.ndarray:
         return self.prefill(np.array([token], np.int64))
+
+    def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray:
+        """Append input embeddings (float rows [n, n_embd], e.g. a PEFT soft prompt) at the
+        current position, as tokens would be; return the last row's logits."""
+        L = self._L
+        self._live()
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[0] == 0 or emb.shape[1] != self.n_embd:
+            raise PrefixEdgeError(f"prefill_embeddings needs float rows [n >= 1, {self.n_embd}], "
+                                  f"got {list(emb.shape)}")
+        if not np.all(np.isfinite(emb)):
+            raise PrefixEdgeError("prefill_embeddings: the embeddings hold NaN or infinite values")
+        n_all = emb.shape[0]
+        if self.pos + n_all > self.n_ctx:
+            raise PrefixEdgeError(f"context full: {self.pos} + {n_all} embeddings exceed "
+                                  f"n_ctx={self.n_ctx} (no context shift)")
+        for start in range(0, n_all, self.n_batch):
+            chunk = emb[start:start + self.n_batch]
+            n = chunk.shape[0]
+            b = L.llama_batch_init(n, self.n_embd, 1)  # embd != 0: b.embd set, b.token NULL
+            try:
+                ctypes.memmove(b.embd, chunk.ctypes.data, chunk.nbytes)
+                for i in range(n):
+                    b.pos[i] = self.pos + i
+                    b.n_seq_id[i] = 1
+                    b.seq_id[i][0] = 0
+                    b.logits[i] = 0
+                b.logits[n - 1] = 1 if start + n == n_all else 0
+                b.n_tokens = n
+                rc = L.llama_decode(self.ctx, b)
+            finally:
+                L.llama_batch_free(b)
+            if rc != 0:
+                self.pos = int(L.llama_memory_seq_pos_max(self.mem, 0)) + 1
+                raise PrefixEdgeError(f"llama_decode of embeddings failed (code {rc}) at "
+                                      f"position {self.pos}")
+            self.pos += n
+        ptr = L.llama_get_logits_ith(self.ctx, -1)
+        if not ptr:
+            raise PrefixEdgeError("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True)
 
     def state_blob(self) -> bytes:
         """Sequence 0's KV as a seq-state blob (after prefill of a prefix), checked."""
@@ -327,15 +381,17 @@ class LlamaBackend:
 
 
 def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str]) -> None:
-    """Write a gguf prefix file; the blob is walked first, its facts go into the metadata."""
+    """Write a gguf prefix file; the blob is walked first, its facts go into the metadata.
+    `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
     from safetensors.numpy import save_file
 
     ids = np.asarray(ids, np.int64).reshape(-1)
-    info = parse_seq_state(blob)
-    check_seq_state(info, {"cell_count": len(ids)})
     meta = {k: str(v) for k, v in metadata.items()}
+    n_cells = read_n_virtual(meta, "write_prefix") + len(ids)
+    info = parse_seq_state(blob)
+    check_seq_state(info, {"cell_count": n_cells})
     meta.update({"backend": LlamaBackend.name, "state_format": STATE_FORMAT,
                  "state_version": state_version(), "n_layer": str(info.n_layer),
-                 "v_trans": str(int(info.v_trans)), "kv_type": "f16", "n_tokens": str(len(ids))})
+                 "v_trans": str(int(info.v_trans)), "kv_type": "f16", "n_tokens": str(n_cells)})
     state = np.frombuffer(bytes(blob), np.uint8)
     save_file({"state": state, "prefix_ids": ids}, str(path), metadata=meta)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix
+from .backend import Prefix, read_n_virtual
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -85,13 +85,14 @@ class OnnxBackend:
             raise
         except Exception as e:
             raise PrefixEdgeError(f"{path}: cannot read prefix file: {e}") from None
-        want = (1, self.n_kv_heads, len(ids), self.head_dim)
+        n_virtual = read_n_virtual(meta, str(path))  # trained positions before the ids
+        want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
         for n, t in zip(self.past_names, kv):
             if t.shape != want or t.dtype != self.kv_dtype:
                 raise PrefixEdgeError(
                     f"{path}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
                     f"{np.dtype(self.kv_dtype)}{list(want)}")
-        return Prefix(ids, kv, meta, sum(t.nbytes for t in kv))
+        return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
         from safetensors import safe_open
@@ -117,7 +118,7 @@ class OnnxBackend:
             empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
             self.past, self.pos = [empty] * len(self.past_names), 0
         else:
-            self.past, self.pos = list(prefix.kv), len(prefix.ids)
+            self.past, self.pos = list(prefix.kv), prefix.n_tokens
 
     def prefill(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)

@@ -1,5 +1,5 @@
-"""PrefixCache: loads task prefixes from a bundle, checks their fingerprint, keeps the most
-recently used ones in memory (LRU)."""
+"""PrefixCache: loads task prefixes from a bundle, checks their fingerprint and length, keeps
+the most recently used ones in memory (LRU)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class PrefixCache:
         self._lru: OrderedDict[str, Prefix] = OrderedDict()
 
     def _file(self, task: str) -> tuple[Path, int]:
+        """The task's prefix file and its KV length (virtual + text positions)."""
         info = self.manifest.tasks[task]
         entry = info.prefixes.get(self.backend.name)
         if entry is None:
@@ -46,8 +47,11 @@ class PrefixCache:
                 f"task '{task}': prefix {path.name} was baked for a different model "
                 f"(fingerprint {got[:12] or 'none'} vs this bundle's {self.fingerprint[:12]}); "
                 "re-export the bundle")
-        if len(prefix.ids) != n:
-            raise PrefixEdgeError(f"task '{task}': prefix has {len(prefix.ids)} tokens, manifest says {n}")
+        nv = self.manifest.tasks[task].n_virtual
+        if prefix.n_tokens != n or prefix.n_virtual != nv:
+            raise PrefixEdgeError(
+                f"task '{task}': prefix file holds {prefix.n_tokens} positions ({prefix.n_virtual} "
+                f"virtual), the manifest says {n} ({nv} virtual); re-export the bundle")
         if self.capacity:
             self._lru[task] = prefix
             while len(self._lru) > self.capacity:
@@ -55,7 +59,18 @@ class PrefixCache:
         return prefix, False
 
     def ids(self, task: str):
-        """Only the prefix token ids (for prefilling the prefix instead of loading it)."""
+        """Only the prefix token ids (for prefilling the prefix instead of loading it).
+
+        A trained (peft) prefix has none to prefill: its virtual tokens exist only as the baked
+        KV (the bundle keeps no adapter weights, and the ONNX graph takes token ids only), so
+        there is no in-request baseline to run; PEFT itself is its reference (tests/test_peft.py)."""
+        info = self.manifest.tasks[task]
+        if info.n_virtual:
+            kind = (info.adapter or {}).get("peft_type", "trained")
+            raise PrefixEdgeError(
+                f"task '{task}' is a trained prefix ({kind}, {info.n_virtual} virtual tokens) with no "
+                "text to prefill: it runs only from its baked KV (drop --no-prefix-cache / "
+                "use_prefix_cache=False)")
         if task in self._lru:
             return self._lru[task].ids
         path, _ = self._file(task)
