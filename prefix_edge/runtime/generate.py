@@ -12,13 +12,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..bundle import Manifest, hash_files
+from ..bundle import Manifest
 from ..errors import PrefixEdgeError
 from ..tasks import check_generation, fill_template
 from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .sampling import Sampler
 from .text import TextStream
+from .verify import file_hashes
 
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
@@ -67,10 +68,11 @@ class Runtime:
     @classmethod
     def open(cls, path: str | Path | None = None, backend: str = "auto", device: str = "cpu",
              threads: int | None = None, prefix_cache_size: int = 4,
-             n_ctx: int | None = None) -> "Runtime":
+             n_ctx: int | None = None, verify: str = "cached") -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
         gguf, then onnx). n_ctx caps the context (default: the model's, at most 4096 for
-        gguf, whose KV cache is allocated up front)."""
+        gguf, whose KV cache is allocated up front). verify: "cached" reuses a model file's
+        hash while its stat identity is unchanged (runtime/verify.py); "full" always hashes."""
         from tokenizers import Tokenizer
 
         from ..paths import default_bundle
@@ -89,12 +91,12 @@ class Runtime:
             raise PrefixEdgeError(f"bundle {root} has no {backend} model (it has: "
                                   f"{', '.join(manifest.backends) or 'none'})")
         info = manifest.backends[backend]
-        actual = hash_files(root, info.files)
+        actual = file_hashes(root, info.files, verify)
         for rel, sha in actual.items():
             if sha != info.files[rel]:
                 raise PrefixEdgeError(f"bundle {root}: model file {rel} does not match its manifest "
                                       "entry (changed after export); re-export the bundle")
-        tok_hash = hash_files(root, [manifest.tokenizer.file])[manifest.tokenizer.file]
+        tok_hash = file_hashes(root, [manifest.tokenizer.file], verify)[manifest.tokenizer.file]
         if tok_hash != manifest.tokenizer.sha256:
             raise PrefixEdgeError(f"bundle {root}: {manifest.tokenizer.file} does not match the manifest")
         fingerprint = manifest.fingerprint(backend, actual)

@@ -65,6 +65,7 @@ class OnnxBackend:
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
         self.output_names = ["logits", *self.present_names]
+        self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.past: list[np.ndarray] = []
         self.pos = 0
 
@@ -110,7 +111,8 @@ class OnnxBackend:
 
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file."""
-        write_prefix(path, ids, dict(zip(self.past_names, self.past)), metadata)
+        kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
+        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata)
 
     # -- the sequence ---------------------------------------------------------------------
     def begin(self, prefix: Prefix | None) -> None:
@@ -120,17 +122,31 @@ class OnnxBackend:
         else:
             self.past, self.pos = list(prefix.kv), prefix.n_tokens
 
-    def prefill(self, ids: np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        """Append `ids` at the current position; return the last position's logits.
+
+        Runs through an IO binding: the presents stay OrtValues owned by ORT and are bound as
+        the next call's past directly, so the KV is never copied out to numpy between steps
+        (with plain `run`, every step copies the whole cache once more)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         n = ids.shape[1]
-        feeds = {"input_ids": ids, "attention_mask": np.ones((1, self.pos + n), np.int64)}
+        b = self.session.io_binding()
+        b.bind_cpu_input("input_ids", ids)
+        b.bind_cpu_input("attention_mask", np.ones((1, self.pos + n), np.int64))
         if self.has_position_ids:
-            feeds["position_ids"] = np.arange(self.pos, self.pos + n, dtype=np.int64)[None]
-        feeds.update(zip(self.past_names, self.past))
-        out = self.session.run(self.output_names, feeds)
+            b.bind_cpu_input("position_ids", np.arange(self.pos, self.pos + n, dtype=np.int64)[None])
+        for name, value in zip(self.past_names, self.past):
+            if isinstance(value, np.ndarray):
+                b.bind_cpu_input(name, value)
+            else:
+                b.bind_ortvalue_input(name, value)
+        b.bind_output("logits", "cpu")
+        for name in self.present_names:
+            b.bind_output(name, self._kv_device)
+        self.session.run_with_iobinding(b)
+        out = b.get_outputs()
         self.past, self.pos = out[1:], self.pos + n
-        logits = out[0][0]
-        return logits if all_logits else logits[-1].astype(np.float32)
+        return np.array(out[0].numpy()[0, -1], dtype=np.float32)
 
     def step(self, token: int) -> np.ndarray:
         return self.prefill(np.array([token], np.int64))
