@@ -61,6 +61,18 @@ def fuse(path: Path, hf_dir: Path) -> Path:
         return path
     if not stats.get("RotaryEmbedding") and not stats.get("SkipSimplifiedLayerNormalization"):
         return path
+    _trim_rope_caches(model.model, cfg.get("max_position_embeddings", 2048))
     fused = path.with_name("model-fused.onnx")
     model.save_model_to_file(str(fused))
     return fused
+
+
+def _trim_rope_caches(proto, n_positions: int) -> None:
+    """The fusion writes cos/sin caches for 131072 positions (2 x 16.8 MB for the default
+    model); keep the rows the model can address. The runtime never goes past n_ctx."""
+    from onnx import numpy_helper
+
+    for i, init in enumerate(proto.graph.initializer):
+        if init.name in ("cos_cache", "sin_cache") and init.dims[0] > n_positions:
+            arr = numpy_helper.to_array(init)[:n_positions]
+            proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(arr, init.name))
