@@ -84,3 +84,16 @@ def test_quantized_tracks_fp32(bundle_fp32, bundle_int4, backend):
             logits.append(rt.backend.prefill(rt.encode_input("support", INPUTS[0])))
     # int4 weights *and* int4 embeddings on a 64-wide random model: measured r = 0.89 (onnx)
     assert np.corrcoef(logits[0], logits[1])[0, 1] > 0.8
+
+
+def test_int8_export_runs(tiny_model, tasks_file, tmp_path):
+    """int8 (dynamic) is offered but not the default: it is not exact for baked prefixes (one
+    activation scale per tensor), yet it must export and run."""
+    from prefix_edge.export.build import export_bundle
+
+    out = tmp_path / "int8"
+    export_bundle(tiny_model, tasks_file, out, formats=("onnx",), quantize="int8", progress=False)
+    with Runtime.open(out, backend="onnx") as rt:
+        assert rt.manifest.backends["onnx"].quantization == "int8"
+        r = rt.generate("support", INPUTS[0], max_tokens=4)
+        assert r.stats.generated_tokens == len(r.tokens) and r.stats.prefix_tokens > 0

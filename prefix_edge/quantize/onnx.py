@@ -32,8 +32,13 @@ def quantize_onnx(src: Path, dst: Path, method: str) -> None:
     elif method == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
+        import onnx
+
+        # the fused graph has contrib ops (RotaryEmbedding...) whose outputs ONNX shape
+        # inference cannot type: they are float
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8,
-                         use_external_data_format=False)
+                         use_external_data_format=False,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     elif method == "int4":
         import logging
 
