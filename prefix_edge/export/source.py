@@ -45,6 +45,7 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
                                                          dtype="float32")
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
+        _match_gguf_bos(tok, model)
         m.save_pretrained(str(out))
         tok.save_pretrained(str(out))
         return out
@@ -55,6 +56,16 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
     if not model.exists():
         raise PrefixEdgeError(f"{model}: no such file or directory")
     raise PrefixEdgeError(f"{model}: expected an HF model dir or a .gguf file")
+
+
+def _match_gguf_bos(tok, gguf_path: Path) -> None:
+    """transformers' GGUF tokenizer conversion adds a BOS to every text even when the GGUF says
+    `tokenizer.ggml.add_bos_token = false` (SmolLM2 does); follow the GGUF, as llama.cpp does."""
+    import gguf
+
+    field = gguf.GGUFReader(str(gguf_path)).get_field("tokenizer.ggml.add_bos_token")
+    if field is not None and not bool(field.parts[field.data[0]][0]) and hasattr(tok, "add_bos_token"):
+        tok.add_bos_token = False
 
 
 def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo:
