@@ -44,3 +44,14 @@ def test_longest_task_baked_equals_prefilled(home, backend):
 def test_classifier_answers_with_a_label(home, backend):
     out = run_json("--backend", backend, "--task", "sentiment", "The hinge snapped after two days and the seller ignored me.", env=home)
     assert out["text"].strip().lower() in {"positive", "negative", "neutral"}, out["text"]
+
+
+def test_trained_demo_task_gives_the_json_shape(home):
+    """The demo's trained prefix (a PEFT prefix-tuning adapter, no instructions in the prompt)
+    answers with one line of JSON in the trained shape, the same tokens on both backends."""
+    q = "Hello, this is Paul Martin, please ship 4 office chairs to Lyon."
+    outs = [run_json("--backend", b, "--task", "order_json", q, env=home) for b in ("onnx", "gguf")]
+    assert outs[0]["stats"]["prefix_tokens"] == 32  # virtual tokens only: nothing before the input
+    parsed = json.loads(outs[0]["text"])
+    assert set(parsed) == {"name", "product", "quantity", "city"}
+    assert outs[0]["tokens"] == outs[1]["tokens"]
