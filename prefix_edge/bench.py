@@ -235,16 +235,21 @@ def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: in
     b = Bench(bundle, threads, runs, log)
     report = {"bundle": str(bundle), "machine": machine_info(threads), "runs": runs,
               "ttft": [], "task_switch": [], "decode": [], "cold_start": []}
-    n_ctx = max(lengths) + n_input + 16
+    limit = b.manifest.model.n_ctx - n_input - 16  # positions the model can address
+    if any(P > limit for P in lengths):
+        log(f"  prefix lengths above {limit} skipped: the model's context is {b.manifest.model.n_ctx}")
+        lengths = [P for P in lengths if P <= limit]
+    switch_p = min(1024, limit)
+    n_ctx = max(lengths + [switch_p]) + n_input + 16
     for name in backends:
         if name not in b.manifest.backends:
             raise PrefixEdgeError(f"bundle {bundle} has no {name} model")
         log(f"[{name}]")
-        ctx = max(n_ctx, 1024 + 64)
+        ctx = n_ctx
         be = b.open(name, ctx)
         try:
             report["ttft"] += b.ttft(be, lengths, n_input)
-            report["task_switch"].append(b.task_switch(be))
+            report["task_switch"].append(b.task_switch(be, switch_p))
             dec = b.decode(be)
         finally:
             be.close()
