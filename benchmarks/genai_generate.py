@@ -36,7 +36,7 @@ def main() -> None:
 
     def gen(k: int) -> float:
         params = og.GeneratorParams(model)
-        params.set_search_options(max_length=ctx + k, do_sample=False)
+        params.set_search_options(min_length=ctx + k, max_length=ctx + k, do_sample=False)  # no early EOS
         g = og.Generator(model, params)
         t0 = time.perf_counter()
         g.append_tokens(ids)
