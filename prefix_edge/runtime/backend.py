@@ -33,11 +33,25 @@ class Prefix:
     metadata: dict[str, str]
     nbytes: int
     n_virtual: int = 0
+    checked_by: Any = None  # the backend whose load_prefix already validated `kv`, if any
 
     @property
     def n_tokens(self) -> int:
         """KV positions the prefix occupies (virtual + text)."""
         return self.n_virtual + len(self.ids)
+
+
+def read_prefix_ids(path: Path) -> np.ndarray:
+    """A prefix file's text ids (both backends' files store them as `prefix_ids`)."""
+    from safetensors import safe_open
+
+    from ..errors import PrefixEdgeError
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
+    except Exception as e:
+        raise PrefixEdgeError(f"{path}: cannot read prefix ids: {e}") from None
 
 
 def read_n_virtual(metadata: dict[str, str], where: str) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix, read_n_virtual
+from .backend import Prefix, read_n_virtual, read_prefix_ids
 from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 
 STATE_FORMAT = "llama.cpp-seq-state"
@@ -202,16 +202,11 @@ class LlamaBackend:
         prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes),
                         n_virtual=read_n_virtual(meta, str(path)))
         self._check(prefix, str(path))
+        prefix.checked_by = self  # begin() need not walk this blob again
         return prefix
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path), framework="np") as f:
-                return f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
-        except Exception as e:
-            raise PrefixEdgeError(f"{path}: cannot read prefix ids: {e}") from None
+        return read_prefix_ids(path)
 
     def _check(self, prefix: Prefix, where: str = "prefix") -> None:
         if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
@@ -233,7 +228,8 @@ class LlamaBackend:
         self.pos = 0
         if prefix is None:
             return
-        self._check(prefix)  # walks the blob: nothing unchecked reaches llama.cpp
+        if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
+            self._check(prefix)
         blob = np.ascontiguousarray(prefix.kv)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, 0)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix, read_n_virtual
+from .backend import Prefix, read_n_virtual, read_prefix_ids
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -96,10 +96,7 @@ class OnnxBackend:
         return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="np") as f:
-            return f.get_tensor("prefix_ids").astype(np.int64)
+        return read_prefix_ids(path)
 
     def state_info(self) -> dict:
         """What restoring a prefix depends on beyond the model files (recorded in the manifest)."""
