@@ -3,7 +3,7 @@
     python benchmarks/trained_prefix_eval.py [--base MODEL] [--adapter DIR] [--data FILE] [--json OUT]
     python benchmarks/trained_prefix_eval.py --bundle DIR     # the same set through prefix_edge.Runtime
 
-The task (models/smollm2-135m/make_data.py): a short customer order message → one line of JSON
+The task (prefix_edge/models/smollm2-135m/make_data.py): a short customer order message → one line of JSON
 with exactly the keys name, product, quantity, city. Every way is run with greedy decoding, at most
 48 new tokens, stopping at a newline or an EOS token, and the first line of the answer is scored:
 
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODEL_DIR = HERE.parent / "models" / "smollm2-135m"
+MODEL_DIR = HERE.parent / "prefix_edge" / "models" / "smollm2-135m"
 TEMPLATE = "Message: {input}\nJSON:\n"
 MAX_NEW = 48
 KEYS = ("name", "product", "quantity", "city")

@@ -23,5 +23,5 @@ def default_bundle() -> Path:
 
 
 def default_tasks_file() -> Path:
-    """The demo tasks for the embedded default model: `models/` at the repository root."""
-    return Path(__file__).resolve().parent.parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"
+    """The demo tasks for the embedded default model (package data: `prefix_edge/models/`)."""
+    return Path(__file__).resolve().parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"

@@ -16,7 +16,7 @@ def export(
     model: Optional[Path] = typer.Argument(None, help="HF model dir or .gguf file (default: the embedded SmolLM2-135M-Instruct)."),
     tasks: Optional[Path] = typer.Option(None, "--tasks", help="Task file (TOML). Default with no MODEL: the demo tasks."),
     out: Optional[Path] = typer.Option(None, "--out", help="Bundle dir (default: the default bundle under $PREFIX_EDGE_HOME)."),
-    format: str = typer.Option("onnx,gguf", "--format", help="Comma-separated backends to build: onnx, gguf."),
+    format: Optional[str] = typer.Option(None, "--format", help="Comma-separated backends to build: onnx, gguf (default: both; gguf is skipped with a warning where llama.cpp cannot run)."),
     quantize: str = typer.Option("int4", "--quantize", help="ONNX weights: none | int8 | int4."),
     gguf_quant: Optional[str] = typer.Option(None, "--gguf-quant", help="GGUF weights: keep | f32 | f16 | q8_0 | q4_k_m | q4_1 | ... (default: keep a .gguf source's type; q8_0 for an HF dir)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
@@ -28,7 +28,7 @@ def export(
     if out is None:
         out = default_bundle()
         force = force or model is None  # the default bundle is rebuilt in place
-    manifest = export_bundle(model, tasks, out, formats=[f.strip() for f in format.split(",") if f.strip()],
+    manifest = export_bundle(model, tasks, out, formats=None if format is None else [f.strip() for f in format.split(",") if f.strip()],
                              quantize=quantize, gguf_quant=gguf_quant, force=force)
     typer.echo(f"bundle written to {out}")
     typer.echo(json.dumps({n: t.prefix_tokens for n, t in manifest.tasks.items()}) + " prefix tokens")

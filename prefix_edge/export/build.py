@@ -27,7 +27,7 @@ KEEP = "keep"
 
 
 def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
-                  formats=DEFAULT_FORMATS, quantize: str = DEFAULT_ONNX_QUANT,
+                  formats=None, quantize: str = DEFAULT_ONNX_QUANT,
                   gguf_quant: str | None = None, force: bool = False,
                   progress: bool = True) -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
@@ -37,7 +37,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     from ..quantize.onnx import CHOICES
     from .source import default_model_path
 
-    formats = tuple(dict.fromkeys(formats))
+    optional_gguf = formats is None  # the default: skip gguf (warning) where llama.cpp can't run
+    formats = tuple(dict.fromkeys(DEFAULT_FORMATS if formats is None else formats))
     for f in formats:
         if f not in FORMATS:
             raise PrefixEdgeError(f"unknown format {f!r}; supported: {', '.join(FORMATS)}")
@@ -63,7 +64,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     tmp.mkdir()
     try:
         with Stages(progress) as st:
-            manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st)
+            manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
+                              optional_gguf)
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -86,7 +88,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
-           st: Stages) -> Manifest:
+           st: Stages, optional_gguf: bool = False) -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -122,6 +124,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         backends["onnx"] = _onnx_model(hf_dir, root / "onnx" / "model.onnx", quantize, work, st)
     if "gguf" in formats:
         backends["gguf"] = _gguf_model(model, hf_dir, root / "gguf" / "model.gguf", gguf_quant, work, st)
+        if not _llama_runs(root / "gguf" / "model.gguf", optional_gguf and "onnx" in backends, st):
+            del backends["gguf"]
+            shutil.rmtree(root / "gguf")
     shutil.rmtree(work)
     for name, b in backends.items():
         b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / name).iterdir())])
@@ -155,6 +160,20 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
+
+
+def _llama_runs(model_file: Path, optional: bool, st: Stages) -> bool:
+    """Probe llama.cpp (a child process, cached per build) before baking with it: a build that
+    dies on this CPU is an error (or, for the default formats, a warning and no gguf model)."""
+    from ..runtime.probe import llama_verdict
+
+    v = llama_verdict(model_file)
+    if v is None or v.ok:
+        return True
+    if not optional:
+        raise PrefixEdgeError(f"cannot build the gguf backend on this machine: {v.detail}")
+    st.warn(f"gguf backend skipped: {v.detail}")
+    return False
 
 
 def _config_name(hf_dir: Path) -> str:

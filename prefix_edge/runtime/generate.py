@@ -55,6 +55,22 @@ def _importable(backend: str) -> bool:
     return importlib.util.find_spec({"onnx": "onnxruntime", "gguf": "llama_cpp"}[backend]) is not None
 
 
+def _gguf_file(root: Path, manifest: Manifest) -> Path | None:
+    files = [f for f in manifest.backends["gguf"].files if f.endswith(MODEL_SUFFIX["gguf"])]
+    return (root / files[0]) if files and (root / files[0]).is_file() else None
+
+
+def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
+    """auto: gguf if llama.cpp runs on this machine (probed once per build), else onnx."""
+    from .probe import llama_verdict, warn
+
+    v = llama_verdict(_gguf_file(root, manifest))
+    if v is not None and not v.ok:
+        warn(f"{v.detail}; using the onnx backend")
+        return "onnx"
+    return "gguf"
+
+
 class Runtime:
     """A bundle opened for generation. Use as a context manager or call close()."""
 
@@ -85,6 +101,12 @@ class Runtime:
         if backend == "auto":
             backend = next((b for b in AUTO_ORDER if b in manifest.backends and _importable(b)),
                            next(iter(manifest.backends), "onnx"))
+            if backend == "gguf" and "onnx" in manifest.backends and _importable("onnx"):
+                backend = _llama_or_onnx(root, manifest)
+        if backend == "gguf" and "gguf" in manifest.backends:
+            from .probe import require_llama
+
+            require_llama(_gguf_file(root, manifest))  # a crashing build is an error, not a crash
         if backend not in BACKENDS:
             raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
         if backend not in manifest.backends:

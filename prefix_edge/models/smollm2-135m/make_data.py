@@ -1,7 +1,7 @@
 """Write the demo dataset for the trained `order_json` task: short customer order messages
 turned into one line of JSON with exactly the keys name, product, quantity, city.
 
-    python models/smollm2-135m/make_data.py      # rewrites train.jsonl and heldout.jsonl here
+    python prefix_edge/models/smollm2-135m/make_data.py      # rewrites train.jsonl and heldout.jsonl here
 
 Rules the model has to learn (the answer is always this shape, keys in this order):
   name      the customer's name as written ("Maria Lopez", "Tom"), or null

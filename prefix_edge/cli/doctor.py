@@ -1,0 +1,127 @@
+"""`prefix-edge doctor`: what this machine has and which backends run on it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import app
+
+# CPU features that decide which llama.cpp / ORT kernels can run.
+_X86 = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16",
+        "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+_ARM = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
+
+
+def cpu_features() -> list[str]:
+    """The relevant flags the OS reports (Linux /proc/cpuinfo; macOS sysctl)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key = line.split(":")[0].strip().lower()
+        if key in ("flags", "features"):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in (*_X86, *_ARM) if f in have]
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return sorted({ln.split(":")[0].rsplit(".", 1)[-1].lower() for ln in out.splitlines()
+                       if ln.startswith("hw.optional.") and ln.rstrip().endswith(": 1")})
+    return []
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _probe_model(bundle: Optional[Path]) -> Optional[Path]:
+    """A GGUF file to probe llama.cpp with: the bundle's, the default bundle's, or the embedded one."""
+    from ..paths import default_bundle
+
+    for root in ([bundle] if bundle else []) + [default_bundle()]:
+        for p in sorted((Path(root) / "gguf").glob("*.gguf")):
+            return p
+    try:
+        from ..export.source import default_model_path
+
+        return default_model_path()
+    except Exception:
+        return None
+
+
+def _onnx_status() -> tuple[bool, str, list[str]]:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return False, "onnxruntime is not installed", []
+    try:
+        import onnxruntime as ort
+
+        return True, f"onnxruntime {ort.__version__}", list(ort.get_available_providers())
+    except Exception as e:  # a broken install
+        return False, f"onnxruntime does not import: {str(e).splitlines()[0]}", []
+
+
+@app.command()
+def doctor(
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Probe llama.cpp with this bundle's GGUF model."),
+    refresh: bool = typer.Option(False, "--refresh", help="Probe llama.cpp again instead of using the cached verdict."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Versions, CPU features, devices, and which backends run here (llama.cpp is probed in a
+    child process, so a build that crashes on this CPU is reported, not fatal)."""
+    from .. import __version__
+    from ..runtime.probe import llama_verdict
+
+    onnx_ok, onnx_detail, providers = _onnx_status()
+    model = _probe_model(bundle)
+    v = llama_verdict(model, refresh=refresh)
+    if v is None:
+        gguf_ok, gguf_detail = False, "llama-cpp-python is not installed (pip install 'prefix-edge[llama]')"
+    else:
+        gguf_ok, gguf_detail = v.ok, v.detail
+    report = {
+        "prefix_edge": __version__,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu_features": cpu_features(),
+        "packages": {d: _version(d) for d in ("numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers",
+                                               "llama-cpp-python", "torch", "transformers")},
+        "backends": {
+            "onnx": {"ok": onnx_ok, "detail": onnx_detail,
+                     "devices": ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in providers else []),
+                     "providers": providers},
+            "gguf": {"ok": gguf_ok, "detail": gguf_detail,
+                     "probe_model": str(model) if model else None,
+                     "build": v.system_info if v else "", "library_sha256": v.library_sha256 if v else ""},
+        },
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        typer.echo(f"prefix-edge {report['prefix_edge']}  python {report['python']}  {report['platform']}")
+        typer.echo("cpu features: " + (" ".join(report["cpu_features"]) or "unknown"))
+        typer.echo("packages: " + "  ".join(f"{k} {v_}" for k, v_ in report["packages"].items()
+                                             if v_ != "not installed"))
+        for name, b in report["backends"].items():
+            mark = "ok  " if b["ok"] else "FAIL"
+            extra = f"  devices: {', '.join(b['devices'])}" if name == "onnx" and b["ok"] else ""
+            typer.echo(f"{mark} {name}: {b['detail']}{extra}")
+        if v is not None and v.system_info:
+            typer.echo(f"     llama.cpp build: {v.system_info}")
+    if not (onnx_ok or gguf_ok):
+        raise typer.Exit(1)
