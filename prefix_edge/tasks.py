@@ -38,6 +38,11 @@ GEN_KEYS = {
     "top_k": int,
     "seed": int,
     "stop": list,
+    "min_p": float,
+    "repetition_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "logit_bias": dict,
 }
 TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
 ALL_KEYS = TEXT_KEYS | {"adapter"}
@@ -166,7 +171,7 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         if not isinstance(s, str) or not s:
             raise _err(path, name, f"stop[{i}]", "stop entries must be non-empty strings")
     try:
-        check_generation(defaults)
+        defaults = check_generation(defaults)
     except PrefixEdgeError as e:
         raise _err(path, name, None, str(e)) from None
     return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults,
@@ -192,16 +197,61 @@ def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
     return adapter
 
 
-def check_generation(opts: dict[str, Any]) -> None:
-    """Range checks shared by task files, the CLI and the Python API."""
-    if opts.get("max_tokens") is not None and opts["max_tokens"] < 1:
-        raise PrefixEdgeError(f"max_tokens must be >= 1, got {opts['max_tokens']}")
-    if opts.get("temperature") is not None and opts["temperature"] < 0:
-        raise PrefixEdgeError(f"temperature must be >= 0, got {opts['temperature']}")
-    if opts.get("top_p") is not None and not 0 < opts["top_p"] <= 1:
-        raise PrefixEdgeError(f"top_p must be in (0, 1], got {opts['top_p']}")
-    if opts.get("top_k") is not None and opts["top_k"] < 0:
-        raise PrefixEdgeError(f"top_k must be >= 0 (0 = off), got {opts['top_k']}")
+def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
+    """Type and range checks shared by task files, the CLI, the Python API and the server.
+    Returns the options normalised (ints accepted as floats, logit_bias keys as ints)."""
+    import math
+
+    out = dict(opts)
+    for key, value in opts.items():
+        typ = GEN_KEYS.get(key)
+        if typ is None or value is None:
+            continue
+        if typ is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise PrefixEdgeError(f"{key} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise PrefixEdgeError(f"{key} must be finite, got {value!r}")
+            out[key] = float(value)
+        elif typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise PrefixEdgeError(f"{key} must be an integer, got {value!r}")
+        elif typ is list:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and x for x in value):
+                raise PrefixEdgeError(f"{key} must be a list of non-empty strings, got {value!r}")
+            out[key] = list(value)
+        elif typ is dict:
+            if not isinstance(value, dict):
+                raise PrefixEdgeError(f"{key} must be a mapping of token id to bias, got {value!r}")
+            bias = {}
+            for k, v in value.items():
+                try:
+                    tok = int(k)
+                except (TypeError, ValueError):
+                    tok = -1
+                if isinstance(k, bool) or tok < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) \
+                        or not math.isfinite(v):
+                    raise PrefixEdgeError(f"{key}: {k!r}: {v!r} is not a token id (>= 0) and a finite bias")
+                bias[tok] = float(v)
+            out[key] = bias
+    o = out
+    if o.get("max_tokens") is not None and o["max_tokens"] < 1:
+        raise PrefixEdgeError(f"max_tokens must be >= 1, got {o['max_tokens']}")
+    if o.get("temperature") is not None and o["temperature"] < 0:
+        raise PrefixEdgeError(f"temperature must be >= 0, got {o['temperature']}")
+    if o.get("top_p") is not None and not 0 < o["top_p"] <= 1:
+        raise PrefixEdgeError(f"top_p must be in (0, 1], got {o['top_p']}")
+    if o.get("top_k") is not None and o["top_k"] < 0:
+        raise PrefixEdgeError(f"top_k must be >= 0 (0 = off), got {o['top_k']}")
+    if o.get("seed") is not None and not 0 <= o["seed"] < 2**63:
+        raise PrefixEdgeError(f"seed must be in [0, 2**63), got {o['seed']}")
+    if o.get("min_p") is not None and not 0 <= o["min_p"] <= 1:
+        raise PrefixEdgeError(f"min_p must be in [0, 1], got {o['min_p']}")
+    if o.get("repetition_penalty") is not None and not 0 < o["repetition_penalty"] <= 10:
+        raise PrefixEdgeError(f"repetition_penalty must be in (0, 10] (1 = off), got {o['repetition_penalty']}")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if o.get(key) is not None and not -2 <= o[key] <= 2:
+            raise PrefixEdgeError(f"{key} must be in [-2, 2] (0 = off), got {o[key]}")
+    return out
 
 
 def fill_template(template: str, text: str) -> str:

@@ -160,7 +160,7 @@ def test_runtime_only_install_runs_bundles_like_the_full_install(wheel, bundle_i
             ref = run_json("--bundle", bundle_int4, "--backend", backend, "--task", task, INPUTS[1])
             q = subprocess.run([str(venv / "bin" / "prefix-edge"), "run", "--json", "--bundle",
                                 str(bundle_int4), "--backend", backend, "--task", task, INPUTS[1]],
-                               capture_output=True, text=True, env=env, timeout=600)
+                               capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
             assert q.returncode == 0, q.stderr
             assert json.loads(q.stdout)["tokens"] == ref["tokens"], (backend, task)
     code = (
@@ -175,7 +175,8 @@ def test_runtime_only_install_runs_bundles_like_the_full_install(wheel, bundle_i
         f"        out[b] = rt.generate('extract', {INPUTS[0]!r}).tokens\n"
         f"out['loaded'] = [m for m in {EXPORT_ONLY!r} if m in sys.modules]\n"
         "print(json.dumps(out))\n")
-    q = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    q = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)  # not the repo: import the installed package
     assert q.returncode == 0, q.stderr
     out = json.loads(q.stdout)
     assert out["loaded"] == [] and "order_json" in out["tasks"]

@@ -1,6 +1,14 @@
-"""The Backend protocol: the seam between the shared generation loop and an inference engine.
+"""The Backend protocol: the seam between the scheduler and an inference engine.
 
-A backend owns one model and one sequence. The generation loop (generate.py) calls:
+A backend owns one model and serves *sequences* (the scheduler, scheduler.py, is the only
+caller, from its one engine thread):
+
+    backend.seq_restore(seq, prefix)   empty `seq`, install a baked prefix (or none) at 0..P-1
+    backend.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
+    backend.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
+    backend.seq_free(seq)
+
+and, for one sequence (export's baking, bench, parity tests):
 
     backend.begin(prefix)        reset the sequence; install a baked prefix (or none) at 0..P-1
     backend.prefill(ids)         append tokens at the current position, return the last logits
@@ -99,7 +107,7 @@ MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
 
 
 def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 2048) -> Backend:
+                 n_ctx: int = 2048, **engine) -> Backend:
     """The one place that maps a backend name to its implementation (imported lazily: the
     gguf backend needs llama-cpp-python, the onnx one onnxruntime)."""
     if name == "onnx":
@@ -109,7 +117,7 @@ def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int 
     if name == "gguf":
         from .llama import LlamaBackend
 
-        return LlamaBackend(model_path, device=device, threads=threads, n_ctx=n_ctx)
+        return LlamaBackend(model_path, device=device, threads=threads, n_ctx=n_ctx, **engine)
     from ..errors import PrefixEdgeError
 
     raise PrefixEdgeError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -1,10 +1,16 @@
 """Runtime: open a bundle, look up a task, load its prefix, decode the user's input onward.
 
-The decode loop, sampling, stop strings and streaming live here once, above the Backend seam.
+Every generate/stream/astream call is a request with its own sequence, run by the runtime's
+engine thread (scheduler.py) together with every other request in flight, from any thread.
+Options, templates, tokenization and prefix loading happen here in the caller's thread (so a
+bad request fails at the call); sampling, stop strings and streaming run in the scheduler.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,12 +24,17 @@ from ..tasks import check_generation, fill_template
 from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .sampling import Sampler
+from .scheduler import Request, Scheduler
 from .text import TextStream
 from .verify import file_hashes
 
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                            "seed": None, "stop": []}
+                            "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
+                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
+GGUF_CTX_CAP = 1 << 15       # positions per request on llama.cpp unless n_ctx says otherwise
+RESIDENT_SEQS = 16           # llama.cpp sequences kept for resident task prefixes
+RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
 
 
 @dataclass
@@ -71,24 +82,107 @@ def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
     return "gguf"
 
 
+class Stream:
+    """One request's text chunks, as they are generated. Iterate it (any thread), or cancel it
+    from any thread: the stream then ends with `result.stats.finish_reason == "cancelled"` and
+    its sequence is freed at the engine's next step. `result` is set once it has ended."""
+
+    def __init__(self, rt: "Runtime", req: Request):
+        self._rt, self._req = rt, req
+        self.result: Result | None = None
+        self._ended = False
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return self._next(None)
+
+    def _next(self, deadline: float | None) -> str:
+        while not self._ended:
+            try:
+                wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                kind, value = self._req.events.get(timeout=wait)
+            except queue.Empty:
+                self.cancel("timeout")
+                deadline = None
+                continue
+            return self._take(kind, value)
+        raise StopIteration
+
+    def _take(self, kind: str, value):
+        if kind == "text":
+            return value
+        self._ended = True
+        if kind == "error":
+            raise value
+        self.result = self._rt._result(self._req, value)
+        self._rt.last_result = self.result
+        raise StopIteration
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop this request (safe from any thread, also during its prefill)."""
+        self._rt._sched.cancel(self._req, reason)
+
+    @property
+    def done(self) -> bool:
+        return self._ended
+
+    def close(self) -> None:
+        if not self._ended:
+            self.cancel()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # an abandoned stream must not keep its sequence busy
+        try:
+            if not self._ended and self._req.cancel_reason is None:
+                self._rt._sched.cancel(self._req)
+        except Exception:
+            pass
+
+
 class Runtime:
-    """A bundle opened for generation. Use as a context manager or call close()."""
+    """A bundle opened for generation. Thread-safe: any number of requests may be in flight
+    from any threads. Use as a context manager or call close()."""
 
     def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
-                 prefix_cache_size: int):
+                 prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
+                 prefill_chunk: int = 256, resident_bytes: int = RESIDENT_BYTES,
+                 kv_cells: int | None = None):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
         self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size)
-        self.n_ctx = backend.n_ctx
+        self._prefix_lock = threading.Lock()
+        self.n_ctx = n_ctx  # positions one request may use (prefix + input + output)
         self.eos = set(manifest.model.eos_token_ids)
+        self.last_result: Result | None = None
+        if backend.name == "gguf":  # seq 0: the one-sequence API; then requests; then residents
+            req = tuple(range(1, slots + 1))
+            resident = tuple(range(slots + 1, backend.n_seq_max))
+        else:
+            req, resident, resident_bytes = tuple(range(slots)), (), 0
+        self._sched = Scheduler(backend, slots=slots, queue_size=queue_size,
+                                prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
+                                resident_seqs=resident, request_seqs=req, kv_cells=kv_cells)
 
     @classmethod
     def open(cls, path: str | Path | None = None, backend: str = "auto", device: str = "cpu",
              threads: int | None = None, prefix_cache_size: int = 4,
-             n_ctx: int | None = None, verify: str = "cached") -> "Runtime":
+             n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
+             queue_size: int = 64, kv_cells: int | None = None,
+             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 256) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
-        gguf, then onnx). n_ctx caps the context (default: the model's, at most 4096 for
-        gguf, whose KV cache is allocated up front). verify: "cached" reuses a model file's
-        hash while its stat identity is unchanged (runtime/verify.py); "full" always hashes."""
+        gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
+        request (prefix + input + output; default: the model's). slots: requests decoded
+        together (more wait in a queue of queue_size). llama.cpp: kv_cells is the KV cache
+        size shared by all requests and resident prefixes (allocated up front; default from the
+        bundle's longest prefix and slots), resident_bytes the budget of task prefixes kept
+        resident. verify: "cached" reuses a model file's hash while its stat identity is
+        unchanged (runtime/verify.py); "full" always hashes."""
         from tokenizers import Tokenizer
 
         from ..paths import default_bundle
@@ -126,38 +220,93 @@ class Runtime:
             raise PrefixEdgeError(
                 f"bundle {root}: the manifest's {backend} fingerprint does not match its contents "
                 "(the manifest was edited or the bundle is mixed); re-export the bundle")
-        ctx = manifest.model.n_ctx if backend == "onnx" else min(manifest.model.n_ctx, 4096)
+        for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
+                                 ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
+                                 ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
+        if slots > 64:
+            raise PrefixEdgeError(f"slots must be <= 64, got {slots}")
+        ctx = manifest.model.n_ctx if backend == "onnx" else min(manifest.model.n_ctx, GGUF_CTX_CAP)
         ctx = min(ctx, n_ctx) if n_ctx else ctx
+        longest = max((t.prefix_tokens for t in manifest.tasks.values()), default=0)
+        if longest >= ctx:
+            raise PrefixEdgeError(f"the bundle's longest task prefix ({longest} tokens) does not fit "
+                                  f"n_ctx={ctx}; raise n_ctx")
         model_file = next(f for f in info.files if f.endswith(MODEL_SUFFIX[backend]))
-        be = open_backend(backend, root / model_file, device=device, threads=threads, n_ctx=ctx)
+        extra = {}
+        if backend == "gguf":
+            if kv_cells is None:  # residents of the longest prefix + room for every slot
+                kv_cells = min(2 * longest + slots * 1024, slots * ctx)
+                kv_cells = max(1024, -(-kv_cells // 256) * 256)
+            extra = {"n_seq_max": 1 + slots + RESIDENT_SEQS, "n_batch": max(512, prefill_chunk)}
+        else:
+            kv_cells = None
+        be = open_backend(backend, root / model_file, device=device, threads=threads,
+                          n_ctx=kv_cells or ctx, **extra)
         if be.state_info() != info.state:
             be.close()
             raise PrefixEdgeError(
                 f"bundle {root}: its {backend} prefixes were baked for KV state {info.state}, this "
                 f"runtime restores {be.state_info()} (another llama.cpp version?); re-export the bundle")
         tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
-        return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size)
+        return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size, n_ctx=ctx,
+                   slots=slots, queue_size=queue_size, prefill_chunk=prefill_chunk,
+                   resident_bytes=resident_bytes, kv_cells=kv_cells)
 
     # -- API ------------------------------------------------------------------------------
     @property
     def tasks(self) -> dict:
         return dict(self.manifest.tasks)
 
-    def generate(self, task: str, text: str, **overrides) -> Result:
-        gen = self._run(task, text, **overrides)
+    @property
+    def closed(self) -> bool:
+        return self._sched.closed
+
+    def generate(self, task: str, text: str, timeout: float | None = None, **overrides) -> Result:
+        """Run one request to its end. With `timeout` (seconds) a request still running then is
+        cancelled and returns what it has, with finish_reason "timeout"."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise PrefixEdgeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        h = self.stream(task, text, **overrides)
+        deadline = None if timeout is None else time.perf_counter() + timeout
         try:
             while True:
-                next(gen)
-        except StopIteration as stop:
-            return stop.value
+                h._next(deadline)
+        except StopIteration:
+            return h.result
 
-    def stream(self, task: str, text: str, **overrides) -> Iterator[str]:
-        """Yield text chunks as they are generated. The final Result is in `self.last_result`."""
-        self.last_result = yield from self._run(task, text, **overrides)
+    def stream(self, task: str, text: str, **overrides) -> Stream:
+        """Start a request; iterate the returned Stream for its text chunks (its `result` is
+        set at the end), or `cancel()` it from any thread."""
+        req = self._request(task, text, overrides)
+        self._sched.submit(req)
+        return Stream(self, req)
+
+    async def astream(self, task: str, text: str, **overrides):
+        """`async for chunk in rt.astream(...)`: the asyncio counterpart of stream(). Leaving
+        the loop early (break, task cancelled) cancels the request."""
+        h = self.stream(task, text, **overrides)
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                kind, value = await loop.run_in_executor(None, h._req.events.get)
+                try:
+                    chunk = h._take(kind, value)
+                except StopIteration:
+                    return
+                yield chunk
+        finally:
+            if not h.done:
+                h.cancel()
 
     def close(self) -> None:
-        self.prefixes.clear()
-        self.backend.close()
+        """Refuse new requests, end the running ones (finish_reason "cancelled") and give the
+        engine's native memory back. Safe to call twice and from any thread."""
+        self._sched.close()
+        with self._prefix_lock:
+            self.prefixes.clear()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -165,87 +314,76 @@ class Runtime:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- the loop -------------------------------------------------------------------------
+    def engine_info(self) -> dict:
+        """What the engine holds now: resident prefixes, active/waiting requests, counters."""
+        s = self._sched
+        return {"backend": self.backend.name, "slots": s.slots, "kv_cells": s.kv_cells,
+                "active": len(s.active), "waiting": len(s.waiting),
+                "residents": s.resident_info(), **s.stats}
+
+    # -- requests -------------------------------------------------------------------------
     def options(self, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(DEFAULTS) - {"use_prefix_cache"}
         if unknown:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
-        opts = {**DEFAULTS, **self.manifest.tasks[task].defaults,
-                **{k: v for k, v in overrides.items() if v is not None}}
-        check_generation(opts)
-        return opts
+        over = {k: v for k, v in overrides.items() if v is not None and k != "use_prefix_cache"}
+        over = check_generation(over)
+        opts = {**DEFAULTS, **self.manifest.tasks[task].defaults, **over}
+        return check_generation(opts)
 
     def encode_input(self, task: str, text: str) -> np.ndarray:
         info = self.manifest.tasks[task]
         wrapped = info.input_before + fill_template(info.template, text) + info.input_after
         return np.array(self.tokenizer.encode(wrapped, add_special_tokens=False).ids, np.int64)
 
-    def _run(self, task: str, text: str, **overrides):
+    def _request(self, task: str, text: str, overrides: dict[str, Any]) -> Request:
         t0 = time.perf_counter()
-        if task not in self.manifest.tasks:
+        if self.closed:
+            raise PrefixEdgeError("the runtime is closed")
+        if not isinstance(task, str) or task not in self.manifest.tasks:
             raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
                                   f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
-        use_cache = overrides.pop("use_prefix_cache", True)
+        if not isinstance(text, str):
+            raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
+        use_cache = overrides.get("use_prefix_cache", True)
+        if not isinstance(use_cache, bool):
+            raise PrefixEdgeError(f"use_prefix_cache must be true or false, got {use_cache!r}")
         opts = self.options(task, overrides)
+        if not text.strip():
+            raise PrefixEdgeError("the input is empty: nothing to generate from")
         ids = self.encode_input(task, text)
         P = self.manifest.tasks[task].prefix_tokens
-        if len(ids) == 0:
-            raise PrefixEdgeError("the input is empty: nothing to generate from")
         room = self.n_ctx - P - len(ids)
         if room < 1:
             raise PrefixEdgeError(
                 f"input is {len(ids)} tokens; with task '{task}''s prefix of {P} tokens that exceeds "
                 f"the model's context of {self.n_ctx} tokens")
         max_tokens = min(opts["max_tokens"], room)
+        with self._prefix_lock:
+            if use_cache:
+                prefix, _ = self.prefixes.get(task)
+                key = task
+            else:
+                prefix, key = None, None
+                ids = np.concatenate([self.prefixes.ids(task), ids])
+        sampler = Sampler(opts["temperature"], opts["top_k"], opts["top_p"], opts["seed"],
+                          opts["min_p"], opts["repetition_penalty"], opts["presence_penalty"],
+                          opts["frequency_penalty"], opts["logit_bias"])
+        return Request(task, key, prefix, ids, max_tokens, sampler,
+                       TextStream(self.tokenizer, list(opts["stop"])), self.eos,
+                       load_ms=(time.perf_counter() - t0) * 1e3 if use_cache else 0.0,
+                       prefix_cached=use_cache, t0=t0)
 
-        if use_cache:
-            t = time.perf_counter()
-            prefix, _ = self.prefixes.get(task)
-            load_ms = (time.perf_counter() - t) * 1e3
-            self.backend.begin(prefix)
-            logits = self.backend.prefill(ids)
-        else:
-            load_ms = 0.0
-            self.backend.begin(None)
-            logits = self.backend.prefill(np.concatenate([self.prefixes.ids(task), ids]))
-
-        sampler = Sampler(opts["temperature"], opts["top_k"], opts["top_p"], opts["seed"])
-        stream = TextStream(self.tokenizer, list(opts["stop"]))
-        tokens: list[int] = []
-        chunks: list[str] = []
-        t_first = t_last = None
-        finish = "length"
-        n_samples = 0
-        for i in range(max_tokens):
-            tok = sampler(logits)
-            n_samples += 1
-            t_last = time.perf_counter()
-            if t_first is None:
-                t_first = t_last
-            if tok in self.eos:
-                finish = "eos"
-                break
-            tokens.append(tok)
-            chunk = stream.push(tok)
-            if chunk:
-                chunks.append(chunk)
-                yield chunk
-            if stream.stopped:
-                finish = "stop"
-                break
-            if i + 1 < max_tokens:
-                logits = self.backend.step(tok)
-        tail = stream.flush()
-        if tail:
-            chunks.append(tail)
-            yield tail
+    def _result(self, r: Request, finish: str) -> Result:
         end = time.perf_counter()
-        n_dec = n_samples - 1  # decode steps between the first and the last sampled token
-        dec_s = (t_last - t_first) if t_first is not None else 0.0
+        n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
+        dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
+        P = self.manifest.tasks[r.task].prefix_tokens
         stats = Stats(
-            prefix_tokens=P, input_tokens=len(ids), prefix_load_ms=round(load_ms, 3),
-            ttft_ms=round(((t_first or end) - t0) * 1e3, 3),
+            prefix_tokens=P, input_tokens=len(r.ids) - (0 if r.prefix_cached else P),
+            prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
+            ttft_ms=round(((r.t_first or end) - r.t0) * 1e3, 3),
             decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
-            total_ms=round((end - t0) * 1e3, 3), generated_tokens=len(tokens),
-            prefix_cached=bool(use_cache), finish_reason=finish)
-        return Result("".join(chunks), tokens, stats)
+            total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
+            prefix_cached=r.prefix_cached, finish_reason=finish)
+        return Result("".join(r.chunks), list(r.tokens), stats)

@@ -79,7 +79,8 @@ class LlamaBackend:
     kv_type = "f16"
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 4096, flash_attn: bool = False):
+                 n_ctx: int = 4096, flash_attn: bool = False, n_seq_max: int = 1,
+                 n_batch: int | None = None):
         L = self._L = load_llama_cpp()
         self.model = self.ctx = self.batch = None
         devices = available_devices()
@@ -125,9 +126,12 @@ class LlamaBackend:
 
         cp = L.llama_context_default_params()
         cp.n_ctx = n_ctx
-        cp.n_batch = n_ctx  # a whole prompt fits one llama_decode; prefill still chunks
-        cp.n_ubatch = min(512, n_ctx)
-        cp.n_seq_max = 1
+        cp.n_batch = n_batch or n_ctx  # default: a whole prompt fits one llama_decode
+        cp.n_ubatch = min(512, cp.n_batch)
+        # Several sequences (requests, resident task prefixes) in ONE unified KV cache: seq_cp
+        # then shares a prefix's cells between sequences instead of copying them.
+        cp.n_seq_max = n_seq_max
+        cp.kv_unified = True
         cp.type_k = cp.type_v = GGML_TYPE_F16
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -142,8 +146,10 @@ class LlamaBackend:
         self.n_ctx = int(L.llama_n_ctx(self.ctx))
         self.n_batch = int(L.llama_n_batch(self.ctx))
         self.mem = L.llama_get_memory(self.ctx)
+        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
+        self.bytes_per_cell = self.n_layers * self.n_kv_heads * (self.head_dim + self.head_dim_v) * 2
 
     # -- model facts ----------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -220,62 +226,104 @@ class LlamaBackend:
             raise PrefixEdgeError(f"{where}: prefix ids outside this model's vocabulary "
                                   f"(0..{self.n_vocab - 1})")
 
-    # -- the sequence ---------------------------------------------------------------------
-    def begin(self, prefix: Prefix | None) -> None:
+    # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
+    def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
+        """Empty sequence `seq` and install a baked prefix (or nothing) at positions 0..P-1;
+        returns P."""
         L = self._L
         self._live()
-        L.llama_memory_clear(self.mem, False)
-        self.pos = 0
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         if prefix is None:
-            return
+            return 0
         if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
             self._check(prefix)
         blob = np.ascontiguousarray(prefix.kv)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, 0)
+        n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
         if n != blob.nbytes:
-            L.llama_memory_clear(self.mem, False)
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             raise PrefixEdgeError(f"llama.cpp refused the prefix KV state (read {n} of "
-                                  f"{blob.nbytes} bytes): rebake the prefix for this model")
-        last = L.llama_memory_seq_pos_max(self.mem, 0)
+                                  f"{blob.nbytes} bytes): the KV cache is full, or the prefix "
+                                  "was baked for another model")
+        last = L.llama_memory_seq_pos_max(self.mem, seq)
         if last != prefix.n_tokens - 1:
-            L.llama_memory_clear(self.mem, False)
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             raise PrefixEdgeError(f"prefix restore left positions up to {last}, "
                                   f"expected {prefix.n_tokens - 1}")
-        self.pos = prefix.n_tokens
+        return prefix.n_tokens
 
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
+    def seq_copy(self, src: int, dst: int) -> None:
+        """dst := src, sharing src's KV cells (unified cache: no bytes are copied)."""
+        self._live()
+        self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
+    def seq_free(self, seq: int) -> None:
+        if self.ctx is not None:
+            self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+        """One llama_decode over several sequences: items are (seq, first position, token ids);
+        returns each item's last-token logits. Total tokens <= n_batch."""
         L = self._L
         self._live()
+        b = self.batch
+        k = 0
+        last = []
+        for seq, pos, ids in items:
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            if ids.size == 0:
+                raise PrefixEdgeError("forward needs at least one token per sequence")
+            if pos + ids.size > self.n_ctx:
+                raise PrefixEdgeError(f"context full: {pos} + {ids.size} tokens exceed "
+                                      f"n_ctx={self.n_ctx} (no context shift)")
+            if ids.min() < 0 or ids.max() >= self.n_vocab:
+                raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
+            if k + ids.size > self.n_batch:
+                raise PrefixEdgeError(f"forward of {k + ids.size} tokens exceeds n_batch={self.n_batch}")
+            for j, tok in enumerate(ids.tolist()):
+                b.token[k] = tok
+                b.pos[k] = pos + j
+                b.n_seq_id[k] = 1
+                b.seq_id[k][0] = seq
+                b.logits[k] = 0
+                k += 1
+            b.logits[k - 1] = 1
+            last.append(k - 1)
+        b.n_tokens = k
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            for seq, pos, _ in items:  # drop whatever part of this batch was stored
+                L.llama_memory_seq_rm(self.mem, seq, pos, -1)
+            why = "the KV cache is full" if rc == 1 else f"code {rc}"
+            raise PrefixEdgeError(f"llama_decode failed ({why})")
+        out = []
+        for i in last:
+            ptr = L.llama_get_logits_ith(self.ctx, i)
+            if not ptr:
+                raise PrefixEdgeError("llama.cpp returned no logits")
+            out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True))
+        return out
+
+    # -- one sequence (export, bench, parity tests): sequence 0 ----------------------------
+    def begin(self, prefix: Prefix | None) -> None:
+        self.pos = 0
+        self.pos = self.seq_restore(0, prefix)
+
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise PrefixEdgeError("prefill needs at least one token")
-        if self.pos + ids.size > self.n_ctx:
-            raise PrefixEdgeError(f"context full: {self.pos} + {ids.size} tokens exceed "
-                                  f"n_ctx={self.n_ctx} (no context shift)")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
-        b = self.batch
+        logits = None
         for start in range(0, ids.size, self.n_batch):
             chunk = ids[start:start + self.n_batch]
-            n = chunk.size
-            for i, tok in enumerate(chunk.tolist()):
-                b.token[i] = tok
-                b.pos[i] = self.pos + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = 0
-            b.logits[n - 1] = 1 if start + n == ids.size else 0
-            b.n_tokens = n
-            rc = L.llama_decode(self.ctx, b)
-            if rc != 0:
-                self.pos = int(L.llama_memory_seq_pos_max(self.mem, 0)) + 1
-                raise PrefixEdgeError(f"llama_decode failed (code {rc}) at position {self.pos}")
-            self.pos += n
-        ptr = L.llama_get_logits_ith(self.ctx, -1)
-        if not ptr:
-            raise PrefixEdgeError("llama.cpp returned no logits")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True)
+            try:
+                logits = self.forward([(0, self.pos, chunk)])[0]
+            except PrefixEdgeError:
+                self.pos = int(self._L.llama_memory_seq_pos_max(self.mem, 0)) + 1
+                raise
+            self.pos += chunk.size
+        return logits
 
     def step(self, token: int) -> np.ndarray:
         return self.prefill(np.array([token], np.int64))

@@ -68,6 +68,7 @@ class OnnxBackend:
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.past: list[np.ndarray] = []
         self.pos = 0
+        self.seqs: dict[int, tuple[list, int]] = {}
 
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:
@@ -111,28 +112,73 @@ class OnnxBackend:
         kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
         write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata)
 
-    # -- the sequence ---------------------------------------------------------------------
+    # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
+    # A sequence is its list of past tensors and its length. A restored prefix's arrays are
+    # shared (read-only) by every sequence of that task until its first forward; each forward
+    # returns new present tensors (the graph concatenates past + new), so from then on a
+    # sequence holds its own copy. Sequences run one after another: one row per run keeps every
+    # request bit-identical to running alone (see runtime/scheduler.py).
+    max_seqs = 1 << 30
+
+    def _empty(self) -> list:
+        empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
+        return [empty] * len(self.past_names)
+
+    def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
+        if prefix is None:
+            self.seqs[seq] = (self._empty(), 0)
+        else:
+            self.seqs[seq] = (list(prefix.kv), prefix.n_tokens)
+        return self.seqs[seq][1]
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        past, pos = self.seqs[src]
+        self.seqs[dst] = (list(past), pos)
+
+    def seq_free(self, seq: int) -> None:
+        self.seqs.pop(seq, None)
+
+    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+        out = []
+        for seq, pos, ids in items:
+            past, have = self.seqs[seq]
+            if pos != have:
+                raise PrefixEdgeError(f"sequence {seq} is at position {have}, not {pos}")
+            logits, past = self._run(past, pos, ids)
+            self.seqs[seq] = (past, pos + int(np.asarray(ids).size))
+            out.append(logits)
+        return out
+
+    # -- one sequence (export, bench, parity tests) ---------------------------------------
     def begin(self, prefix: Prefix | None) -> None:
         if prefix is None:
-            empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
-            self.past, self.pos = [empty] * len(self.past_names), 0
+            self.past, self.pos = self._empty(), 0
         else:
             self.past, self.pos = list(prefix.kv), prefix.n_tokens
 
     def prefill(self, ids: np.ndarray) -> np.ndarray:
-        """Append `ids` at the current position; return the last position's logits.
+        logits, self.past = self._run(self.past, self.pos, ids)
+        self.pos += int(np.asarray(ids).size)
+        return logits
+
+    def _run(self, past: list, pos: int, ids: np.ndarray):
+        """Append `ids` at `pos` after `past`; return the last position's logits and the new past.
 
         Runs through an IO binding: the presents stay OrtValues owned by ORT and are bound as
         the next call's past directly, so the KV is never copied out to numpy between steps
         (with plain `run`, every step copies the whole cache once more)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         n = ids.shape[1]
+        if n == 0:
+            raise PrefixEdgeError("prefill needs at least one token")
+        if pos + n > self.n_ctx:
+            raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
         b = self.session.io_binding()
         b.bind_cpu_input("input_ids", ids)
-        b.bind_cpu_input("attention_mask", np.ones((1, self.pos + n), np.int64))
+        b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
         if self.has_position_ids:
-            b.bind_cpu_input("position_ids", np.arange(self.pos, self.pos + n, dtype=np.int64)[None])
-        for name, value in zip(self.past_names, self.past):
+            b.bind_cpu_input("position_ids", np.arange(pos, pos + n, dtype=np.int64)[None])
+        for name, value in zip(self.past_names, past):
             if isinstance(value, np.ndarray):
                 b.bind_cpu_input(name, value)
             else:
@@ -140,10 +186,12 @@ class OnnxBackend:
         b.bind_output("logits", "cpu")
         for name in self.present_names:
             b.bind_output(name, self._kv_device)
-        self.session.run_with_iobinding(b)
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as e:  # ORT raises its own types; give one line
+            raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         out = b.get_outputs()
-        self.past, self.pos = out[1:], self.pos + n
-        return np.array(out[0].numpy()[0, -1], dtype=np.float32)
+        return np.array(out[0].numpy()[0, -1], dtype=np.float32), out[1:]
 
     def step(self, token: int) -> np.ndarray:
         return self.prefill(np.array([token], np.int64))
@@ -151,6 +199,7 @@ class OnnxBackend:
     def close(self) -> None:
         self.session = None
         self.past = []
+        self.seqs = {}
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str]) -> None:

@@ -1,4 +1,12 @@
-"""Next-token choice: greedy at temperature 0, else temperature / top-k / top-p with a seed."""
+"""Next-token choice: logit bias and repetition penalties, then greedy at temperature 0, else
+temperature / top-k / top-p / min-p with a seed.
+
+Penalties look at the tokens this request generated so far (not the prefix or the input):
+- repetition_penalty r (HF / llama.cpp style, 1 = off): a seen token's logit l becomes l / r if
+  l > 0, else l * r;
+- presence_penalty p and frequency_penalty f (OpenAI style, 0 = off): l - p * [count > 0] - f * count.
+logit_bias {token id: bias} is added first (OpenAI style; -100 effectively bans a token).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +15,50 @@ import numpy as np
 
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None):
+                 seed: int | None = None, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None):
         self.temperature = temperature
         self.top_k = top_k
         self.top_p = top_p
+        self.min_p = min_p
+        self.repetition_penalty = repetition_penalty
+        self.presence_penalty = presence_penalty
+        self.frequency_penalty = frequency_penalty
+        self.logit_bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
         self.rng = np.random.default_rng(seed)
+        self.counts: dict[int, int] = {}
+
+    @property
+    def _penalised(self) -> bool:
+        return bool(self.counts) and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                                      or self.frequency_penalty != 0.0)
+
+    def adjust(self, logits: np.ndarray) -> np.ndarray:
+        """Bias and penalties applied (a copy; the input is left as it is)."""
+        if not self.logit_bias and not self._penalised:
+            return logits
+        x = logits.astype(np.float32, copy=True)
+        n = x.shape[0]
+        for tok, bias in self.logit_bias.items():
+            if 0 <= tok < n:
+                x[tok] += bias
+        if self._penalised:
+            ids = np.fromiter(self.counts, np.int64)
+            cnt = np.fromiter(self.counts.values(), np.float32)
+            v = x[ids]
+            if self.repetition_penalty != 1.0:
+                v = np.where(v > 0, v / self.repetition_penalty, v * self.repetition_penalty)
+            v = v - self.presence_penalty - self.frequency_penalty * cnt
+            x[ids] = v
+        return x
 
     def __call__(self, logits: np.ndarray) -> int:
+        tok = self._choose(self.adjust(logits))
+        self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
+
+    def _choose(self, logits: np.ndarray) -> int:
         if self.temperature <= 0:
             return int(np.argmax(logits))
         x = logits.astype(np.float64) / self.temperature
@@ -24,6 +69,9 @@ class Sampler:
         order = idx[np.argsort(-x[idx], kind="stable")]
         p = np.exp(x[order] - x[order[0]])
         p /= p.sum()
+        if self.min_p > 0.0:
+            keep = max(1, int(np.count_nonzero(p >= self.min_p * p[0])))
+            order, p = order[:keep], p[:keep] / p[:keep].sum()
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
             order, p = order[:keep], p[:keep] / p[:keep].sum()

@@ -1,0 +1,369 @@
+"""Scheduler: one engine thread per Runtime owns the native context and steps every active
+request together.
+
+Requests come from any thread (or several generators on one thread). Each gets its own
+sequence in the engine. Between steps the engine thread admits waiting requests (a bounded
+queue: a full one is an error, not a hang), drops cancelled ones (their sequence is freed at
+once), and then runs ONE forward over every active sequence: one token for each decoding
+request, plus a prefill chunk (<= `prefill_chunk` tokens) for requests still reading their
+input, so a long input neither blocks the others nor delays a cancel by more than one chunk.
+
+Shared prefixes (llama.cpp): a task's baked prefix is restored once into a *resident* sequence;
+a request of that task starts as `seq_cp` of it, so N requests hold one copy of the prefix cells
+(unified KV cache) and a task switch is a `seq_cp`, not a restore. Resident prefixes are kept
+within a byte budget, least recently used evicted first (never one in use). The KV cache has a
+fixed number of cells: a request reserves input + max_tokens cells on admission and waits while
+they are not free.
+
+Sampling, stop strings and detokenization run here too, per request; a request's consumer
+only reads events (text chunks, then a Result or an error) from its queue.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+from .backend import Prefix
+from .sampling import Sampler
+from .text import TextStream
+
+
+@dataclass(eq=False)  # identity, not field-wise (numpy) comparison
+class Request:
+    task: str
+    prefix_key: str | None       # resident-prefix key (the task), None: no shared prefix
+    prefix: Prefix | None        # restored before `ids` (None: start empty)
+    ids: np.ndarray              # tokens to prefill after the prefix
+    max_tokens: int
+    sampler: Sampler
+    text: TextStream
+    eos: set
+    load_ms: float = 0.0
+    prefix_cached: bool = True
+    t0: float = field(default_factory=time.perf_counter)
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    cancel_reason: str | None = None
+    # engine-side state
+    seq: int = -1
+    pos: int = 0
+    fed: int = 0                 # input tokens prefilled so far
+    reserved: int = 0            # KV cells reserved (llama.cpp)
+    uses_resident: bool = False  # started as a copy of a resident prefix (holds a user count)
+    next_token: int | None = None
+    tokens: list = field(default_factory=list)
+    chunks: list = field(default_factory=list)
+    n_samples: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+    done: bool = False
+
+
+@dataclass
+class _Resident:
+    seq: int
+    cells: int
+    nbytes: int
+    users: int = 0
+
+
+class Scheduler:
+    def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = 256,
+                 resident_bytes: int = 0, resident_seqs: tuple[int, ...] = (),
+                 request_seqs: tuple[int, ...] = (), kv_cells: int | None = None,
+                 on_finish=None):
+        self.backend = backend
+        self.slots = slots
+        self.queue_size = queue_size
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.n_batch = getattr(backend, "n_batch", 1 << 30)
+        self.resident_bytes = resident_bytes
+        self.free_resident = list(resident_seqs)
+        self.free_seqs = list(request_seqs)
+        self.kv_cells = kv_cells  # None: no cell accounting (ONNX)
+        self.on_finish = on_finish
+        self.residents: OrderedDict[str, _Resident] = OrderedDict()
+        self.active: list[Request] = []
+        self.waiting: list[Request] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._n_waiting = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self.stats = {"steps": 0, "resident_restores": 0, "resident_hits": 0, "forward_tokens": 0}
+        self._thread = threading.Thread(target=self._loop, name="prefix-edge-engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread -----------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self._lock:
+            if self._closing:
+                raise PrefixEdgeError("the runtime is closed")
+            if self._n_waiting >= self.queue_size:
+                raise PrefixEdgeError(f"the runtime is busy: {self._n_waiting} requests are "
+                                      "already waiting (queue_size); retry later")
+            self._n_waiting += 1
+            self._inbox.put(req)
+        self._wake.set()
+
+    def cancel(self, req: Request, reason: str = "cancelled") -> None:
+        if req.cancel_reason is None:
+            req.cancel_reason = reason
+        self._wake.set()
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def resident_info(self) -> dict[str, dict]:
+        return {k: {"seq": r.seq, "cells": r.cells, "bytes": r.nbytes, "users": r.users}
+                for k, r in list(self.residents.items())}
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._drain()
+                if self._closing:
+                    break
+                try:
+                    self._reap()
+                    self._admit()
+                    if not self.active:
+                        self._wake.wait(0.5)
+                        self._wake.clear()
+                        continue
+                    self._step()
+                except Exception as e:  # a bug must end the requests involved, not the engine
+                    err = PrefixEdgeError(f"internal engine error: {type(e).__name__}: {e}")
+                    for r in list(self.active):
+                        self._finish(r, "error", err)
+        finally:
+            for r in self.active + self.waiting:
+                self._finish(r, "cancelled")
+            self._drain()
+            for r in self.waiting:
+                self._finish(r, "cancelled")
+            self.active, self.waiting = [], []
+            for res in self.residents.values():
+                self.backend.seq_free(res.seq)
+            self.residents.clear()
+            self.backend.close()  # the native memory goes back with the engine thread
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _reap(self) -> None:
+        for r in [r for r in self.active if r.cancel_reason]:
+            self._finish(r, r.cancel_reason)
+        for r in [r for r in self.waiting if r.cancel_reason]:
+            self._finish(r, r.cancel_reason)
+
+    def _finish(self, r: Request, reason: str, error: Exception | None = None) -> None:
+        if r.done:
+            return
+        r.done = True
+        if r in self.active:
+            self.active.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+            with self._lock:
+                self._n_waiting -= 1
+        if r.seq >= 0:
+            self.backend.seq_free(r.seq)
+            self.free_seqs.append(r.seq)
+            r.seq = -1
+        if r.uses_resident and r.prefix_key in self.residents:
+            self.residents[r.prefix_key].users -= 1
+            r.uses_resident = False
+        r.reserved = 0
+        if error is not None:
+            r.events.put(("error", error))
+        else:
+            tail = r.text.flush()
+            if tail:
+                r.chunks.append(tail)
+                r.events.put(("text", tail))
+            r.events.put(("done", reason))
+        if self.on_finish is not None:
+            self.on_finish(r, reason)
+
+    # cells ------------------------------------------------------------------------------
+    def _cells_used(self) -> int:
+        return sum(x.cells for x in self.residents.values()) + sum(r.reserved for r in self.active)
+
+    def _free_cells_for(self, need: int, keep: str | None) -> bool:
+        """Evict unused resident prefixes (LRU first, never `keep`) until `need` cells are free."""
+        if self.kv_cells is None:
+            return True
+        for key in list(self.residents):
+            if self.kv_cells - self._cells_used() >= need:
+                break
+            res = self.residents[key]
+            if key != keep and res.users == 0:
+                self._evict(key)
+        return self.kv_cells - self._cells_used() >= need
+
+    def _evict(self, key: str) -> None:
+        res = self.residents.pop(key)
+        self.backend.seq_free(res.seq)
+        self.free_resident.append(res.seq)
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_seqs:
+            r = self.waiting[0]
+            try:
+                if not self._start(r):
+                    return  # no room yet: wait for running requests to finish (FIFO)
+            except PrefixEdgeError as e:
+                self._finish(r, "error", e)
+                continue
+            except Exception as e:  # never let the engine thread die
+                self._finish(r, "error", PrefixEdgeError(f"internal error: {type(e).__name__}: {e}"))
+                continue
+            self.waiting.remove(r)
+            with self._lock:
+                self._n_waiting -= 1
+            self.active.append(r)
+
+    def _start(self, r: Request) -> bool:
+        """Give `r` a sequence with its prefix in place; False if the cache has no room yet."""
+        t = time.perf_counter()
+        n_prefix = r.prefix.n_tokens if r.prefix is not None else 0
+        own = len(r.ids) + r.max_tokens
+        shared = (r.prefix is not None and r.prefix_key is not None
+                  and (r.prefix_key in self.residents or self._can_reside(r.prefix)))
+        need = own + (0 if shared else n_prefix)
+        if shared and r.prefix_key not in self.residents:
+            need += n_prefix
+        if self.kv_cells is not None and need > self.kv_cells:
+            raise PrefixEdgeError(f"the request needs {need} KV cells (prefix {n_prefix} + input "
+                                  f"{len(r.ids)} + max_tokens {r.max_tokens}), the cache has "
+                                  f"{self.kv_cells}; lower max_tokens or open with a larger kv_cells")
+        if not self._free_cells_for(need, r.prefix_key if shared else None):
+            if not self.active:  # nothing will free cells: cannot happen unless residents are pinned
+                raise PrefixEdgeError("no free KV cells for this request")
+            return False
+        seq = self.free_seqs.pop()
+        try:
+            if shared:
+                res = self.residents.get(r.prefix_key)
+                if res is None:
+                    res = self._make_resident(r.prefix_key, r.prefix)
+                else:
+                    self.stats["resident_hits"] += 1
+                self.residents.move_to_end(r.prefix_key)
+                self.backend.seq_copy(res.seq, seq)
+                res.users += 1
+                r.uses_resident = True
+                r.reserved = own
+            else:
+                self.backend.seq_restore(seq, r.prefix)
+                r.reserved = own + n_prefix
+        except BaseException:
+            self.backend.seq_free(seq)
+            self.free_seqs.append(seq)
+            raise
+        r.seq, r.pos = seq, n_prefix
+        r.load_ms += (time.perf_counter() - t) * 1e3
+        return True
+
+    def _can_reside(self, prefix: Prefix) -> bool:
+        if not self.free_resident and not any(x.users == 0 for x in self.residents.values()):
+            return False
+        if self.resident_bytes <= 0 or prefix.nbytes > self.resident_bytes:
+            return False
+        return True
+
+    def _make_resident(self, key: str, prefix: Prefix) -> _Resident:
+        held = sum(x.nbytes for x in self.residents.values())
+        for k in list(self.residents):  # the byte budget, LRU first
+            if held + prefix.nbytes <= self.resident_bytes and self.free_resident:
+                break
+            if self.residents[k].users == 0:
+                held -= self.residents[k].nbytes
+                self._evict(k)
+        if not self.free_resident or held + prefix.nbytes > self.resident_bytes:
+            raise PrefixEdgeError("internal error: no resident slot")  # _can_reside said yes
+        seq = self.free_resident.pop()
+        try:
+            self.backend.seq_restore(seq, prefix)
+        except BaseException:
+            self.backend.seq_free(seq)
+            self.free_resident.append(seq)
+            raise
+        self.stats["resident_restores"] += 1
+        res = _Resident(seq, prefix.n_tokens, prefix.nbytes)
+        self.residents[key] = res
+        return res
+
+    # the step ---------------------------------------------------------------------------
+    def _step(self) -> None:
+        items, owners, budget = [], [], self.n_batch
+        for r in self.active:  # decoding requests first: one token each
+            if r.next_token is not None and budget >= 1:
+                items.append((r.seq, r.pos, np.array([r.next_token], np.int64)))
+                owners.append((r, 1, True))
+                budget -= 1
+        for r in self.active:  # then a prefill chunk for requests still reading their input
+            if r.next_token is None and r.fed < len(r.ids) and budget >= 1:
+                n = min(self.prefill_chunk, len(r.ids) - r.fed, budget)
+                items.append((r.seq, r.pos, r.ids[r.fed:r.fed + n]))
+                owners.append((r, n, r.fed + n == len(r.ids)))
+                budget -= n
+        if not items:
+            return
+        try:
+            logits = self.backend.forward(items)
+        except Exception as e:
+            err = e if isinstance(e, PrefixEdgeError) else \
+                PrefixEdgeError(f"engine error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            for r, _, _ in owners:
+                self._finish(r, "error", err)
+            return
+        self.stats["steps"] += 1
+        self.stats["forward_tokens"] += sum(n for _, n, _ in owners)
+        for (r, n, sample), lg in zip(owners, logits):
+            r.pos += n
+            if r.next_token is None:
+                r.fed += n
+            if sample and not r.cancel_reason:
+                self._sample(r, lg)
+
+    def _sample(self, r: Request, logits: np.ndarray) -> None:
+        tok = r.sampler(logits)
+        r.n_samples += 1
+        r.t_last = time.perf_counter()
+        if r.t_first is None:
+            r.t_first = r.t_last
+        r.next_token = None
+        if tok in r.eos:
+            return self._finish(r, "eos")
+        r.tokens.append(tok)
+        chunk = r.text.push(tok)
+        if chunk:
+            r.chunks.append(chunk)
+            r.events.put(("text", chunk))
+        if r.text.stopped:
+            return self._finish(r, "stop")
+        if r.n_samples >= r.max_tokens:
+            return self._finish(r, "length")
+        r.next_token = tok
