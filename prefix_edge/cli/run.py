@@ -38,6 +38,10 @@ def run(
     top_p: Optional[float] = typer.Option(None, "--top-p"),
     top_k: Optional[int] = typer.Option(None, "--top-k"),
     seed: Optional[int] = typer.Option(None, "--seed"),
+    min_p: Optional[float] = typer.Option(None, "--min-p"),
+    repetition_penalty: Optional[float] = typer.Option(None, "--repetition-penalty", help="1 = off."),
+    presence_penalty: Optional[float] = typer.Option(None, "--presence-penalty", help="-2..2, 0 = off."),
+    frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help="-2..2, 0 = off."),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
 ) -> None:
@@ -46,7 +50,8 @@ def run(
 
     text = read_input(input)
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                use_prefix_cache=not no_prefix_cache)
+                min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache)
     with Runtime.open(bundle, backend=backend, device=device, threads=threads) as rt:
         if as_json:
             r = rt.generate(task, text, **opts)

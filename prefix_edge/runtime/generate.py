@@ -160,6 +160,11 @@ class Runtime:
         self.n_ctx = n_ctx  # positions one request may use (prefix + input + output)
         self.eos = set(manifest.model.eos_token_ids)
         self.last_result: Result | None = None
+        self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        from tokenizers import Tokenizer
+
+        self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        self._text_tokenizer.encode_special_tokens = True  # user text: special tokens as text
         if backend.name == "gguf":  # seq 0: the one-sequence API; then requests; then residents
             req = tuple(range(1, slots + 1))
             resident = tuple(range(slots + 1, backend.n_seq_max))
@@ -314,6 +319,12 @@ class Runtime:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __del__(self):  # a runtime dropped without close(): its engine thread still ends
+        try:
+            self._sched.close(wait=False)
+        except Exception:
+            pass
+
     def engine_info(self) -> dict:
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched
@@ -332,9 +343,22 @@ class Runtime:
         return check_generation(opts)
 
     def encode_input(self, task: str, text: str) -> np.ndarray:
+        """The task's input wrapping around the user's text, tokenized. The user's text never
+        becomes control tokens: if it spells one (`<|im_end|>`...), it is encoded as plain text
+        (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
+        once, exactly as export and PEFT tokenize it."""
         info = self.manifest.tasks[task]
-        wrapped = info.input_before + fill_template(info.template, text) + info.input_after
-        return np.array(self.tokenizer.encode(wrapped, add_special_tokens=False).ids, np.int64)
+        head, _, tail = fill_template(info.template, "\x00").partition("\x00")
+        before, after = info.input_before + head, tail + info.input_after
+        enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
+        lo, hi = len(before), len(before) + len(text)
+        if not any(a < hi and b > lo and tid in self._special_ids
+                   for tid, (a, b) in zip(enc.ids, enc.offsets)):
+            return np.array(enc.ids, np.int64)
+        ids = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
+        ids += self._text_tokenizer.encode(text, add_special_tokens=False).ids
+        ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
+        return np.array(ids, np.int64)
 
     def _request(self, task: str, text: str, overrides: dict[str, Any]) -> Request:
         t0 = time.perf_counter()

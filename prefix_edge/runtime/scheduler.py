@@ -21,9 +21,11 @@ only reads events (text chunks, then a Result or an error) from its queue.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +102,7 @@ class Scheduler:
         self.stats = {"steps": 0, "resident_restores": 0, "resident_hits": 0, "forward_tokens": 0}
         self._thread = threading.Thread(target=self._loop, name="prefix-edge-engine", daemon=True)
         self._thread.start()
+        atexit.register(_close_at_exit, weakref.ref(self))  # never exit inside a native call
 
     # -- any thread -----------------------------------------------------------------------
     def submit(self, req: Request) -> None:
@@ -118,11 +121,11 @@ class Scheduler:
             req.cancel_reason = reason
         self._wake.set()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0, wait: bool = True) -> None:
         with self._lock:
             self._closing = True
         self._wake.set()
-        if threading.current_thread() is not self._thread:
+        if wait and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     @property
@@ -367,3 +370,9 @@ class Scheduler:
         if r.n_samples >= r.max_tokens:
             return self._finish(r, "length")
         r.next_token = tok
+
+
+def _close_at_exit(ref) -> None:
+    sched = ref()
+    if sched is not None:
+        sched.close(timeout=10.0)
