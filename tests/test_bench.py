@@ -25,3 +25,33 @@ def test_bench_report_and_plot(bundle_int4, tmp_path):
         assert row["torch_in_process"] is False and row["peak_rss_mb"] > 0
     assert r["machine"]["threads"] == 2 and r["targets"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_concurrency_report(bundle_int4, tmp_path):
+    """`prefix-edge bench --concurrency` runs both engines under many requests; what it reports
+    about sharing is checked (not its timings): on llama.cpp a request adds only its own cells."""
+    import json
+
+    from .conftest import cli
+
+    out = tmp_path / "c.json"
+    backends = "onnx,gguf"
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        backends = "onnx"
+    p = cli("bench", "--concurrency", "--bundle", bundle_int4, "--backend", backends,
+            "--threads", "1", "--out", out)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    rep = json.loads(out.read_text())
+    for b in backends.split(","):
+        r = rep[b]
+        assert r["throughput"]["8"]["tokens"] == 8 * r["throughput"]["1"]["tokens"] > 0
+        assert set(r["ttft_8_in_flight_ms"]) == {"p50", "p99"}
+        assert r["cancel_ms"]["mid_decode_median"] >= 0
+    if "gguf" in rep:
+        mem = rep["gguf"]["memory"]
+        snap = mem["snapshots"]["8"]
+        assert snap["requests"] == 8
+        assert snap["shared_cells"] == mem["prefix_tokens"]  # one copy of the prefix, not 8
+        assert mem["prefix_copies_held"] == 1.0

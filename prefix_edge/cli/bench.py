@@ -32,8 +32,10 @@ def bench(
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Run the peer baselines from benchmarks/."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the report as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot of TTFT vs prefix length (needs matplotlib)."),
+    concurrency: bool = typer.Option(False, "--concurrency", help="Instead: many requests at once (throughput at 1/4/8, memory per request, task switch, TTFT p50/p99, cancel latency)."),
 ) -> None:
-    """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS."""
+    """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS;
+    or, with --concurrency, the engine under many requests at once."""
     from ..bench import run_bench
     from ..bundle import Manifest
     from ..errors import PrefixEdgeError
@@ -46,6 +48,14 @@ def bench(
         lengths = [int(x) for x in prefix_lengths.split(",") if x.strip()]
     except ValueError:
         raise PrefixEdgeError(f"--prefix-lengths must be integers, got {prefix_lengths!r}") from None
+    if concurrency:
+        from ..bench_concurrency import run_all
+
+        report = run_all(root, names, threads, log=lambda m: typer.echo(m, err=True))
+        typer.echo(json.dumps(report, indent=1))
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+        return
     report = run_bench(root, names, lengths, input_tokens, threads, runs, peers=peers,
                        log=lambda m: typer.echo(m, err=True))
     report["targets"] = check_targets(report)

@@ -152,7 +152,7 @@ class Runtime:
 
     def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
                  prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
-                 prefill_chunk: int = 256, resident_bytes: int = RESIDENT_BYTES,
+                 prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
                  kv_cells: int | None = None):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
         self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size)
@@ -179,7 +179,7 @@ class Runtime:
              threads: int | None = None, prefix_cache_size: int = 4,
              n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
              queue_size: int = 64, kv_cells: int | None = None,
-             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 256) -> "Runtime":
+             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded

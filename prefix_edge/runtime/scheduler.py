@@ -77,7 +77,7 @@ class _Resident:
 
 
 class Scheduler:
-    def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = 256,
+    def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = 128,
                  resident_bytes: int = 0, resident_seqs: tuple[int, ...] = (),
                  request_seqs: tuple[int, ...] = (), kv_cells: int | None = None,
                  on_finish=None):
@@ -95,6 +95,7 @@ class Scheduler:
         self.active: list[Request] = []
         self.waiting: list[Request] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._n_waiting = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -128,6 +129,18 @@ class Scheduler:
         if wait and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
+    def run_in_engine(self, fn, timeout: float = 60.0):
+        """Run fn(scheduler) on the engine thread between two steps (a consistent view of the
+        native state, touched by its one thread); return its result."""
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        if self._closing:
+            raise PrefixEdgeError("the runtime is closed")
+        self._calls.put((fn, fut))
+        self._wake.set()
+        return fut.result(timeout)
+
     @property
     def closed(self) -> bool:
         return self._closing
@@ -141,6 +154,7 @@ class Scheduler:
         try:
             while True:
                 self._drain()
+                self._run_calls()
                 if self._closing:
                     break
                 try:
@@ -162,10 +176,27 @@ class Scheduler:
             for r in self.waiting:
                 self._finish(r, "cancelled")
             self.active, self.waiting = [], []
+            while True:
+                try:
+                    _fn, fut = self._calls.get_nowait()
+                except queue.Empty:
+                    break
+                fut.set_exception(PrefixEdgeError("the runtime is closed"))
             for res in self.residents.values():
                 self.backend.seq_free(res.seq)
             self.residents.clear()
             self.backend.close()  # the native memory goes back with the engine thread
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fut.set_result(fn(self))
+            except BaseException as e:
+                fut.set_exception(e)
 
     def _drain(self) -> None:
         while True:
