@@ -4,7 +4,8 @@ The runtime (``Runtime``) needs only numpy, onnxruntime and tokenizers: no torch
 """
 
 from .errors import PrefixEdgeError
-from .runtime.generate import Result, Runtime, Stats
+from .runtime.generate import Runtime
+from .runtime.stream import AsyncStream, Result, Stats, Stream
 
-__all__ = ["PrefixEdgeError", "Result", "Runtime", "Stats"]
+__all__ = ["AsyncStream", "PrefixEdgeError", "Result", "Runtime", "Stats", "Stream"]
 __version__ = "0.1.0"

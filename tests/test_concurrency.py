@@ -184,7 +184,7 @@ def test_astream_matches_stream(bundle_int4, reference):
 
 def test_gguf_prefix_cells_are_shared(bundle_int4):
     """N requests of one task in flight hold ONE copy of the prefix cells (seq_cp from a resident
-    sequence): counted in llama.cpp's own KV cache."""
+    sequence): counted in llama.cpp's own KV cache, on the engine thread between two steps."""
     pytest.importorskip("llama_cpp")
     import llama_cpp as L
 
@@ -193,16 +193,16 @@ def test_gguf_prefix_cells_are_shared(bundle_int4):
         streams = [rt.stream("support", INPUTS[k % 3], max_tokens=300) for k in range(4)]
         for s in streams:
             next(s)  # all four are past their prefill
-        info = rt.engine_info()
-        res = info["residents"]["support"]
-        assert res["users"] == 4 and res["cells"] == P
-        be = rt.backend
-        # every request sequence starts with the resident's cells: positions 0..P-1 are the
-        # same cells for all of them, so the cache holds P prefix cells, not 4 * P
-        used = _used_cells(be)
-        per_request = [L.llama_memory_seq_pos_max(be.mem, s._req.seq) + 1 - P for s in streams]
-        assert all(n > 0 for n in per_request)
-        assert used == P + sum(per_request), (used, P, per_request)  # not 4 * P + ...
+
+        def snapshot(sched):
+            be = sched.backend
+            own = [L.llama_memory_seq_pos_max(be.mem, r.seq) + 1 - P for r in sched.active]
+            return _used_cells(be), own, sched.resident_info()
+
+        used, own, residents = rt._sched.run_in_engine(snapshot)
+        assert len(own) == 4 and all(n > 0 for n in own)
+        assert residents["support"]["users"] == 4 and residents["support"]["cells"] == P
+        assert used == P + sum(own), (used, P, own)  # not 4 * P + ...
         for s in streams:
             s.cancel()
             list(s)

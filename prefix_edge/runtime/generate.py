@@ -8,11 +8,8 @@ bad request fails at the call); sampling, stop strings and streaming run in the 
 
 from __future__ import annotations
 
-import asyncio
-import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,6 +22,7 @@ from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .sampling import Sampler
 from .scheduler import Request, Scheduler
+from .stream import AsyncStream, Result, Stats, Stream
 from .text import TextStream
 from .verify import file_hashes
 
@@ -35,29 +33,6 @@ DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
 GGUF_CTX_CAP = 1 << 15       # positions per request on llama.cpp unless n_ctx says otherwise
 RESIDENT_SEQS = 16           # llama.cpp sequences kept for resident task prefixes
 RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
-
-
-@dataclass
-class Stats:
-    prefix_tokens: int
-    input_tokens: int
-    prefix_load_ms: float
-    ttft_ms: float
-    decode_tok_s: float
-    total_ms: float
-    generated_tokens: int = 0
-    prefix_cached: bool = True
-    finish_reason: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Result:
-    text: str
-    tokens: list[int]
-    stats: Stats
 
 
 def _importable(backend: str) -> bool:
@@ -80,70 +55,6 @@ def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
         warn(f"{v.detail}; using the onnx backend")
         return "onnx"
     return "gguf"
-
-
-class Stream:
-    """One request's text chunks, as they are generated. Iterate it (any thread), or cancel it
-    from any thread: the stream then ends with `result.stats.finish_reason == "cancelled"` and
-    its sequence is freed at the engine's next step. `result` is set once it has ended."""
-
-    def __init__(self, rt: "Runtime", req: Request):
-        self._rt, self._req = rt, req
-        self.result: Result | None = None
-        self._ended = False
-
-    def __iter__(self) -> "Stream":
-        return self
-
-    def __next__(self) -> str:
-        return self._next(None)
-
-    def _next(self, deadline: float | None) -> str:
-        while not self._ended:
-            try:
-                wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
-                kind, value = self._req.events.get(timeout=wait)
-            except queue.Empty:
-                self.cancel("timeout")
-                deadline = None
-                continue
-            return self._take(kind, value)
-        raise StopIteration
-
-    def _take(self, kind: str, value):
-        if kind == "text":
-            return value
-        self._ended = True
-        if kind == "error":
-            raise value
-        self.result = self._rt._result(self._req, value)
-        self._rt.last_result = self.result
-        raise StopIteration
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Stop this request (safe from any thread, also during its prefill)."""
-        self._rt._sched.cancel(self._req, reason)
-
-    @property
-    def done(self) -> bool:
-        return self._ended
-
-    def close(self) -> None:
-        if not self._ended:
-            self.cancel()
-
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):  # an abandoned stream must not keep its sequence busy
-        try:
-            if not self._ended and self._req.cancel_reason is None:
-                self._rt._sched.cancel(self._req)
-        except Exception:
-            pass
 
 
 class Runtime:
@@ -289,22 +200,10 @@ class Runtime:
         self._sched.submit(req)
         return Stream(self, req)
 
-    async def astream(self, task: str, text: str, **overrides):
-        """`async for chunk in rt.astream(...)`: the asyncio counterpart of stream(). Leaving
-        the loop early (break, task cancelled) cancels the request."""
-        h = self.stream(task, text, **overrides)
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                kind, value = await loop.run_in_executor(None, h._req.events.get)
-                try:
-                    chunk = h._take(kind, value)
-                except StopIteration:
-                    return
-                yield chunk
-        finally:
-            if not h.done:
-                h.cancel()
+    def astream(self, task: str, text: str, **overrides) -> AsyncStream:
+        """`async for chunk in rt.astream(...)`: the asyncio counterpart of stream() (same
+        `result` and `cancel()`). Leaving the loop early (break, task cancelled) cancels it."""
+        return AsyncStream(self.stream(task, text, **overrides))
 
     def close(self) -> None:
         """Refuse new requests, end the running ones (finish_reason "cancelled") and give the

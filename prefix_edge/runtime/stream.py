@@ -1,0 +1,140 @@
+"""What a request hands back: Stream (sync, any thread), AsyncStream (asyncio), Result, Stats."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .generate import Runtime
+    from .scheduler import Request
+
+
+@dataclass
+class Stats:
+    prefix_tokens: int
+    input_tokens: int
+    prefix_load_ms: float
+    ttft_ms: float
+    decode_tok_s: float
+    total_ms: float
+    generated_tokens: int = 0
+    prefix_cached: bool = True
+    finish_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stats: Stats
+
+
+class Stream:
+    """One request's text chunks, as they are generated. Iterate it (any thread), or cancel it
+    from any thread: the stream then ends with `result.stats.finish_reason == "cancelled"` and
+    its sequence is freed at the engine's next step. `result` is set once it has ended."""
+
+    def __init__(self, rt: "Runtime", req: Request):
+        self._rt, self._req = rt, req
+        self.result: Result | None = None
+        self._ended = False
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> str:
+        return self._next(None)
+
+    def _next(self, deadline: float | None) -> str:
+        while not self._ended:
+            try:
+                wait = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                kind, value = self._req.events.get(timeout=wait)
+            except queue.Empty:
+                self.cancel("timeout")
+                deadline = None
+                continue
+            return self._take(kind, value)
+        raise StopIteration
+
+    def _take(self, kind: str, value):
+        if kind == "text":
+            return value
+        self._ended = True
+        if kind == "error":
+            raise value
+        self.result = self._rt._result(self._req, value)
+        self._rt.last_result = self.result
+        raise StopIteration
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop this request (safe from any thread, also during its prefill)."""
+        self._rt._sched.cancel(self._req, reason)
+
+    @property
+    def done(self) -> bool:
+        return self._ended
+
+    def close(self) -> None:
+        if not self._ended:
+            self.cancel()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # an abandoned stream must not keep its sequence busy
+        try:
+            if not self._ended and self._req.cancel_reason is None:
+                self._rt._sched.cancel(self._req)
+        except Exception:
+            pass
+
+
+class AsyncStream:
+    """`async for chunk in rt.astream(...)`. Events are read in a worker thread, so the event
+    loop never blocks; leaving the loop early or cancelling the task cancels the request."""
+
+    def __init__(self, stream: Stream):
+        self._s = stream
+
+    @property
+    def result(self) -> Result | None:
+        return self._s.result
+
+    @property
+    def done(self) -> bool:
+        return self._s.done
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self._s.cancel(reason)
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> str:
+        if self._s.done:
+            raise StopAsyncIteration
+        loop = asyncio.get_running_loop()
+        try:
+            kind, value = await loop.run_in_executor(None, self._s._req.events.get)
+        except BaseException:  # cancelled while waiting: the request goes too
+            self._s.cancel()
+            raise
+        try:
+            return self._s._take(kind, value)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        if not self._s.done:
+            self._s.cancel()
