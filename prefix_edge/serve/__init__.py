@@ -1,0 +1,1 @@
+"""`prefix-edge serve`: the OpenAI-compatible local server (optional extra: prefix-edge[serve])."""

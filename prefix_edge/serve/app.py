@@ -1,0 +1,210 @@
+"""An OpenAI-compatible local server where a task is a model (FastAPI + uvicorn).
+
+    GET  /health, /metrics (Prometheus text), /v1/models
+    POST /v1/chat/completions, /v1/completions   (non-streaming, and SSE with stream=true)
+
+One Runtime serves every request (its scheduler batches them). A chat request's input is its
+one user message: the task's prefix *is* the conversation so far, so earlier turns and extra
+system messages are refused with a 400 naming `messages`, never silently dropped. Errors have
+OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from ..errors import PrefixEdgeError
+from .metrics import Metrics
+from .schema import ApiError, completion_params, chat_input
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
+
+
+def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
+def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
+    app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
+    metrics = Metrics()
+    created = int(time.time())
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            got = request.headers.get("authorization", "")
+            if got != f"Bearer {api_key}":
+                return error(401, "invalid or missing API key (Authorization: Bearer ...)",
+                             "authentication_error", None, "invalid_api_key")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        info = rt.engine_info()
+        return {"status": "ok" if not rt.closed else "closed", "backend": info["backend"],
+                "tasks": len(rt.tasks), "active": info["active"], "waiting": info["waiting"]}
+
+    @app.get("/metrics")
+    async def prom():
+        return PlainTextResponse(metrics.render(rt.engine_info()),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
+             "kind": t.kind, "prefix_tokens": t.prefix_tokens,
+             "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
+            for name, t in sorted(rt.tasks.items())]}
+
+    async def body_of(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the request body is not valid JSON")
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    async def complete(request: Request, chat: bool):
+        model = None
+        try:
+            body = await body_of(request)
+            model = body.get("model")
+            if not isinstance(model, str):
+                raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
+            if model not in rt.tasks:
+                raise ApiError(404, f"the model `{model}` does not exist; this server's models "
+                               f"(tasks) are: {', '.join(sorted(rt.tasks))}", "model",
+                               "model_not_found")
+            text = chat_input(body) if chat else _prompt(body)
+            opts, stream, include_usage = completion_params(body)
+        except ApiError as e:
+            metrics.count(model if isinstance(model, str) and model in rt.tasks else "", e.status)
+            return error(e.status, e.message, param=e.param, code=e.code)
+        try:
+            handle = rt.astream(model, text, **opts)
+        except PrefixEdgeError as e:
+            msg = str(e)
+            if "busy" in msg:
+                metrics.count(model, 429)
+                return error(429, msg, "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
+            if "closed" in msg:
+                metrics.count(model, 503)
+                return error(503, msg, "server_error", None, "unavailable", {"Retry-After": "5"})
+            metrics.count(model, 400)
+            return error(400, msg, param=_param_of(msg))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if stream:
+            return StreamingResponse(_sse(handle, rid, model, chat, include_usage, request, metrics),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        parts = []
+        try:
+            async for chunk in handle:
+                parts.append(chunk)
+                if await request.is_disconnected():
+                    handle.cancel()
+        except PrefixEdgeError as e:
+            metrics.count(model, 500)
+            return error(500, str(e), "server_error")
+        r = handle.result
+        metrics.observe(model, r)
+        text_out = "".join(parts)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text_out}
+        else:
+            choice.update(text=text_out, logprobs=None)
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model, "choices": [choice],
+                "usage": _usage(r), "system_fingerprint": None}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, chat=False)
+
+    app.state.metrics = metrics
+    return app
+
+
+def _prompt(body: dict) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        raise ApiError(400, "`prompt` must be a string (one prompt per request)", "prompt")
+    return p
+
+
+def _param_of(msg: str) -> str | None:
+    for name in ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "top_k", "min_p"):
+        if msg.startswith(name) or f" {name} " in msg:
+            return name
+    if "input" in msg:
+        return "messages"
+    return None
+
+
+def _usage(r) -> dict:
+    prompt = r.stats.prefix_tokens + r.stats.input_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": r.stats.generated_tokens,
+            "total_tokens": prompt + r.stats.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.stats.prefix_tokens if r.stats.prefix_cached else 0}}
+
+
+async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool, request: Request,
+               metrics: Metrics):
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def frame(choices: list, usage: dict | None = None) -> str:
+        obj = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
+        if include_usage:
+            obj["usage"] = usage
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    def delta(text: str | None, finish: str | None, role: bool = False) -> dict:
+        if chat:
+            d: dict = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            return {"index": 0, "delta": d, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    try:
+        if chat:
+            yield frame([delta(None, None, role=True)])
+        async for chunk in handle:
+            yield frame([delta(chunk, None)])
+        r = handle.result
+        metrics.observe(model, r)
+        yield frame([delta(None, FINISH.get(r.stats.finish_reason, "stop"))])
+        if include_usage:
+            yield frame([], _usage(r))
+        yield "data: [DONE]\n\n"
+    except PrefixEdgeError as e:
+        metrics.count(model, 500)
+        err = {"error": {"message": str(e), "type": "server_error", "param": None, "code": None}}
+        yield f"data: {json.dumps(err)}\n\n"
+    finally:
+        if not handle.done:  # the client went away: stop generating for it
+            handle.cancel()
+            metrics.disconnected += 1

@@ -1,0 +1,71 @@
+"""Prometheus text exposition for the server (the format is a few lines of text: no dependency)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+TTFT_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+
+
+class Metrics:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()  # (model, status) -> n
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS_MS) + 1)
+        self.ttft_sum_ms = 0.0
+        self.finish: Counter = Counter()
+        self.disconnected = 0
+
+    def count(self, model: str, status: int) -> None:
+        with self._lock:
+            self.requests[(model, status)] += 1
+
+    def observe(self, model: str, result) -> None:
+        s = result.stats
+        with self._lock:
+            self.requests[(model, 200)] += 1
+            self.prompt_tokens += s.prefix_tokens + s.input_tokens
+            self.cached_tokens += s.prefix_tokens if s.prefix_cached else 0
+            self.completion_tokens += s.generated_tokens
+            self.finish[s.finish_reason] += 1
+            i = next((k for k, b in enumerate(TTFT_BUCKETS_MS) if s.ttft_ms <= b), len(TTFT_BUCKETS_MS))
+            self.ttft_counts[i] += 1
+            self.ttft_sum_ms += s.ttft_ms
+
+    def render(self, engine: dict) -> str:
+        with self._lock:
+            out = ["# TYPE prefix_edge_requests_total counter"]
+            for (model, status), n in sorted(self.requests.items()):
+                out.append(f'prefix_edge_requests_total{{model="{model}",status="{status}"}} {n}')
+            out += ["# TYPE prefix_edge_finish_total counter"]
+            out += [f'prefix_edge_finish_total{{reason="{r}"}} {n}' for r, n in sorted(self.finish.items())]
+            out += ["# TYPE prefix_edge_prompt_tokens_total counter",
+                    f"prefix_edge_prompt_tokens_total {self.prompt_tokens}",
+                    "# TYPE prefix_edge_cached_prompt_tokens_total counter",
+                    f"prefix_edge_cached_prompt_tokens_total {self.cached_tokens}",
+                    "# TYPE prefix_edge_completion_tokens_total counter",
+                    f"prefix_edge_completion_tokens_total {self.completion_tokens}",
+                    "# TYPE prefix_edge_client_disconnects_total counter",
+                    f"prefix_edge_client_disconnects_total {self.disconnected}",
+                    "# TYPE prefix_edge_ttft_seconds histogram"]
+            cum = 0
+            for b, n in zip(TTFT_BUCKETS_MS, self.ttft_counts):
+                cum += n
+                out.append(f'prefix_edge_ttft_seconds_bucket{{le="{b / 1000}"}} {cum}')
+            cum += self.ttft_counts[-1]
+            out += [f'prefix_edge_ttft_seconds_bucket{{le="+Inf"}} {cum}',
+                    f"prefix_edge_ttft_seconds_sum {self.ttft_sum_ms / 1000:.6f}",
+                    f"prefix_edge_ttft_seconds_count {cum}"]
+        out += ["# TYPE prefix_edge_prefix_restores_total counter",
+                f"prefix_edge_prefix_restores_total {engine.get('resident_restores', 0)}",
+                "# TYPE prefix_edge_prefix_resident_hits_total counter",
+                f"prefix_edge_prefix_resident_hits_total {engine.get('resident_hits', 0)}",
+                "# TYPE prefix_edge_active_requests gauge",
+                f"prefix_edge_active_requests {engine.get('active', 0)}",
+                "# TYPE prefix_edge_waiting_requests gauge",
+                f"prefix_edge_waiting_requests {engine.get('waiting', 0)}"]
+        return "\n".join(out) + "\n"

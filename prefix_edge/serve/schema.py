@@ -1,0 +1,129 @@
+"""OpenAI request fields → the runtime's generation options, each checked with the field named."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+# accepted and ignored (they do not change the answer)
+IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n", "metadata",
+           "store", "parallel_tool_calls", "service_tier", "echo", "logprobs", "top_logprobs",
+           "suffix", "best_of", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+           "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
+           "top_k", "min_p", "repetition_penalty", "response_format"}
+
+
+def _num(body: dict, key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ApiError(400, f"`{key}` must be a number in [{lo}, {hi}], got {v!r}", key)
+    return float(v)
+
+
+def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ApiError(400, f"`{key}` must be an integer in [{lo}, {hi}], got {v!r}", key)
+    return v
+
+
+def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
+    """(runtime options, stream, include_usage)."""
+    unknown = sorted(set(body) - IGNORED)
+    if unknown:
+        raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+    n = _int(body, "n", 1, 1)
+    del n
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise ApiError(400, f"`{key}` is not supported by this server", key)
+    if body.get("logprobs") or body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) != 1:
+        key = next(k for k in ("logprobs", "echo", "suffix", "best_of") if body.get(k))
+        raise ApiError(400, f"`{key}` is not supported by this server", key)
+    rf = body.get("response_format")
+    if rf is not None and (not isinstance(rf, dict) or rf.get("type") != "text"):
+        raise ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format")
+    opts: dict[str, Any] = {}
+    mt = _int(body, "max_completion_tokens", 1, 1 << 20)
+    mt2 = _int(body, "max_tokens", 1, 1 << 20)
+    opts["max_tokens"] = mt if mt is not None else mt2
+    opts["temperature"] = _num(body, "temperature", 0.0, 2.0)
+    opts["top_p"] = _num(body, "top_p", 0.0, 1.0)
+    if opts["top_p"] == 0.0:
+        opts["top_p"] = 1e-9  # OpenAI allows 0: the most likely token only
+    opts["presence_penalty"] = _num(body, "presence_penalty", -2.0, 2.0)
+    opts["frequency_penalty"] = _num(body, "frequency_penalty", -2.0, 2.0)
+    opts["repetition_penalty"] = _num(body, "repetition_penalty", 1e-3, 10.0)
+    opts["min_p"] = _num(body, "min_p", 0.0, 1.0)
+    opts["top_k"] = _int(body, "top_k", 0, 1 << 20)
+    opts["seed"] = _int(body, "seed", 0, 2**63 - 1)
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise ApiError(400, "`stop` must be a non-empty string or a list of up to 4 of them", "stop")
+        opts["stop"] = stop
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise ApiError(400, "`logit_bias` must map token ids to numbers in [-100, 100]", "logit_bias")
+        out = {}
+        for k, v in bias.items():
+            try:
+                tok = int(k)
+            except ValueError:
+                tok = -1
+            if tok < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                raise ApiError(400, f"`logit_bias`: {k!r}: {v!r} is not a token id and a bias in [-100, 100]",
+                               "logit_bias")
+            out[tok] = float(v)
+        opts["logit_bias"] = out
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "`stream` must be true or false", "stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise ApiError(400, "`stream_options` must be an object", "stream_options")
+    include_usage = bool((so or {}).get("include_usage", False))
+    return {k: v for k, v in opts.items() if v is not None}, stream, include_usage
+
+
+def _content(msg: dict, i: int) -> str:
+    c = msg.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        parts = []
+        for part in c:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported", "messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", "messages")
+
+
+def chat_input(body: dict) -> str:
+    """The task's input: the one user message. Earlier turns and system messages are refused
+    (the task's baked prefix is the system prompt and the conversation so far)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise ApiError(400, "`messages` must be a non-empty list of {role, content} objects", "messages")
+    if len(msgs) != 1 or msgs[0].get("role") != "user":
+        roles = [m.get("role") for m in msgs]
+        raise ApiError(400, f"this server takes exactly one user message per request (got roles "
+                       f"{roles}): a task's baked prefix is its system prompt and history, so "
+                       "extra system messages and earlier turns are refused rather than dropped",
+                       "messages")
+    return _content(msgs[0], 0)
