@@ -108,7 +108,7 @@ def test_probe_verdict_is_cached_per_library(tmp_path, monkeypatch):
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                        "--no-build-isolation", str(ROOT), "-w", str(out)],
+                        str(ROOT), "-w", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     return next(out.glob("prefix_edge-*.whl"))

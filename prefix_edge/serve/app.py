@@ -42,14 +42,8 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            got = request.headers.get("authorization", "")
-            if got != f"Bearer {api_key}":
-                return error(401, "invalid or missing API key (Authorization: Bearer ...)",
-                             "authentication_error", None, "invalid_api_key")
-        return await call_next(request)
+    if api_key:  # a plain ASGI wrapper: BaseHTTPMiddleware would re-buffer streamed responses
+        app.add_middleware(_BearerAuth, key=api_key)
 
     @app.get("/health")
     async def health():
@@ -144,6 +138,22 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
     app.state.metrics = metrics
     return app
+
+
+class _BearerAuth:
+    """Require `Authorization: Bearer KEY` on /v1/* (401, OpenAI-shaped, otherwise)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            got = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if got != self.expected:
+                resp = error(401, "invalid or missing API key (Authorization: Bearer ...)",
+                             "authentication_error", None, "invalid_api_key")
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 def _prompt(body: dict) -> str:
