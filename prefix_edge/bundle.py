@@ -32,8 +32,9 @@ from typing import Any
 from .errors import PrefixEdgeError
 
 FORMAT = "prefix-edge-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: task digests in prefix files, the whole model section in the fingerprint
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 @dataclass
@@ -111,18 +112,21 @@ class Manifest:
             "format_version": self.format_version,
             "backend": backend,
             "model_files": dict(sorted((file_hashes or b.files).items())),
-            "architecture": m.architecture,
-            "n_layers": m.n_layers,
-            "n_kv_heads": m.n_kv_heads,
-            "head_dim": m.head_dim,
-            "vocab_size": m.vocab_size,
-            "rope": m.rope,
+            "model": asdict(m),  # every model fact, n_ctx and eos ids included
             "tokenizer": self.tokenizer.sha256,
             "chat_template": self.tokenizer.chat_template_sha256,
             "kv_dtype": b.kv_dtype,
             "state": b.state,
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def task_digest(self, task: str) -> str:
+        """What a task's answers depend on besides the model: everything in its manifest entry
+        but the prefix files themselves. Baked into each of its prefix files' metadata."""
+        d = asdict(self.tasks[task])
+        d.pop("prefixes")
+        d = json.loads(json.dumps({"task": task, **d}))  # as the manifest file spells it
+        return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     # -- (de)serialisation ----------------------------------------------------------------
     def to_json(self) -> str:
@@ -133,6 +137,8 @@ class Manifest:
 
     @classmethod
     def read(cls, bundle_dir: str | Path) -> "Manifest":
+        """Read and validate a manifest: every field's type and range, every path confined to
+        the bundle. Any problem is one PrefixEdgeError line."""
         bundle_dir = Path(bundle_dir)
         path = bundle_dir / MANIFEST
         if not bundle_dir.is_dir():
@@ -140,27 +146,66 @@ class Manifest:
         if not path.is_file():
             raise PrefixEdgeError(f"{bundle_dir} is not a prefix-edge bundle: {MANIFEST} not found")
         try:
+            if path.stat().st_size > MAX_MANIFEST_BYTES:
+                raise PrefixEdgeError(f"{path}: manifest is larger than {MAX_MANIFEST_BYTES >> 20} MB")
             d = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise PrefixEdgeError(f"{path}: manifest is not valid JSON: {e}") from None
+        except PrefixEdgeError:
+            raise
+        except RecursionError:
+            raise PrefixEdgeError(f"{path}: manifest is nested too deeply") from None
+        except (ValueError, UnicodeDecodeError, OSError) as e:
+            raise PrefixEdgeError(f"{path}: manifest is not valid JSON: {str(e).splitlines()[0]}") from None
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise PrefixEdgeError(f"{path}: not a prefix-edge manifest")
-        if d.get("format_version") != FORMAT_VERSION:
+        v = d.get("format_version")
+        if isinstance(v, int) and not isinstance(v, bool) and v > FORMAT_VERSION:
             raise PrefixEdgeError(
-                f"{path}: bundle format version {d.get('format_version')} is not supported by this "
-                f"prefix-edge (reads version {FORMAT_VERSION}); re-export the bundle")
-        try:
-            return cls(
-                model=ModelInfo(**d["model"]),
-                tokenizer=TokenizerInfo(**d["tokenizer"]),
-                backends={k: BackendInfo(**v) for k, v in d["backends"].items()},
-                tasks={k: TaskInfo(**{**v, "prefixes": {b: TaskPrefixFile(**p) for b, p in v["prefixes"].items()}})
-                       for k, v in d["tasks"].items()},
-                created_by=d.get("created_by", ""),
-                extra=d.get("extra", {}),
-            )
-        except (KeyError, TypeError, AttributeError) as e:
-            raise PrefixEdgeError(f"{path}: manifest is malformed ({type(e).__name__}: {e})") from None
+                f"{path}: made by a newer prefix-edge ({d.get('created_by') or 'format ' + str(v)}, "
+                f"bundle format {v}; this one reads {FORMAT_VERSION}): upgrade prefix-edge")
+        if v != FORMAT_VERSION:
+            raise PrefixEdgeError(
+                f"{path}: bundle format version {v!r} is not supported by this prefix-edge "
+                f"(reads version {FORMAT_VERSION}); re-export the bundle")
+        from .manifest_check import check_manifest_dict
+
+        check_manifest_dict(d, path)
+        m = cls(
+            model=ModelInfo(**d["model"]),
+            tokenizer=TokenizerInfo(**d["tokenizer"]),
+            backends={k: BackendInfo(**v) for k, v in d["backends"].items()},
+            tasks={k: TaskInfo(**{**v, "prefixes": {b: TaskPrefixFile(**p) for b, p in v["prefixes"].items()}})
+                   for k, v in d["tasks"].items()},
+            created_by=d.get("created_by", ""),
+            extra=d.get("extra", {}),
+        )
+        for rel in m.all_paths():
+            confined(bundle_dir, rel, path)
+        return m
+
+    def all_paths(self) -> list[str]:
+        out = [self.tokenizer.file]
+        for b in self.backends.values():
+            out += list(b.files)
+        for t in self.tasks.values():
+            out += [p.file for p in t.prefixes.values()]
+        return out
+
+
+def confined(root: Path, rel: str, where: Path | str = "manifest") -> Path:
+    """root/rel, refused unless it is a plain relative path that stays inside root (symlinks
+    resolved)."""
+    p = Path(rel)
+    if not rel or p.is_absolute() or ".." in p.parts or "\\" in rel or rel.startswith("~") \
+            or any(c in rel for c in "\x00:"):
+        raise PrefixEdgeError(f"{where}: path {rel!r} is not a relative path inside the bundle")
+    full = (root / p)
+    try:
+        real, base = full.resolve(), root.resolve()
+    except (OSError, RuntimeError):
+        raise PrefixEdgeError(f"{where}: path {rel!r} cannot be resolved") from None
+    if real != base and base not in real.parents:
+        raise PrefixEdgeError(f"{where}: path {rel!r} leads outside the bundle")
+    return full
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

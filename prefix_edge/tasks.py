@@ -121,14 +121,42 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     tables = data.get("task")
     if not isinstance(tables, dict) or not tables:
         raise _err(path, None, None, "no tasks: add at least one [task.NAME] table")
+    clash = case_collision(tables)
+    if clash:
+        raise _err(path, clash[1], None, f"differs from task {clash[0]!r} only in case (their prefix "
+                   "files would be one file on macOS and Windows)")
     return [_parse_task(path, name, table) for name, table in tables.items()]
+
+
+_NAME_RE = __import__("re").compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+
+
+def task_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a task name (it becomes a file name on every OS), or None."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        return ("task names are 1-64 ASCII letters, digits, '-' and '_', starting with a letter "
+                "or digit")
+    if name.lower() in _RESERVED:
+        return f"{name!r} is a reserved file name on Windows"
+    return None
+
+
+def case_collision(names) -> tuple[str, str] | None:
+    seen: dict[str, str] = {}
+    for n in names:
+        if n.lower() in seen:
+            return seen[n.lower()], n
+        seen[n.lower()] = n
+    return None
 
 
 def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
     if not isinstance(t, dict):
         raise _err(path, name, None, "must be a table")
-    if not name.replace("-", "").replace("_", "").isalnum():
-        raise _err(path, name, None, "task names may use letters, digits, '-' and '_' only")
+    problem = task_name_problem(name)
+    if problem:
+        raise _err(path, name, None, problem)
     for key in t:
         if key not in ALL_KEYS:
             raise _err(path, name, key, f"unknown key (allowed: {', '.join(sorted(ALL_KEYS))})")

@@ -100,6 +100,14 @@ def test_refuses_prefix_from_another_bundle(bundle_fp32, bundle_int4, tmp_path, 
     f = f"tasks/support.{backend}.safetensors"
     shutil.copy(bundle_int4 / f, b / f)
     assert_one_line_error(cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x"),
+                          "does not match its manifest entry")
+    # and with the manifest entry edited to match the copied file: its fingerprint gives it away
+    from prefix_edge.bundle import sha256_file
+
+    m = json.loads((b / "manifest.json").read_text())
+    m["tasks"]["support"]["prefixes"][backend].update(sha256=sha256_file(b / f), bytes=(b / f).stat().st_size)
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert_one_line_error(cli("run", "--bundle", b, "--backend", backend, "--task", "support", "x"),
                           "different model")
     # other tasks of the bundle still run
     assert cli("run", "--bundle", b, "--backend", backend, "--task", "sentiment", "x").returncode == 0

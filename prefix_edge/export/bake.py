@@ -79,6 +79,7 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
     try:
         for name, ids in task_ids.items():
             meta = {"fingerprint": info.fingerprint, "task": name,
+                    "task_digest": manifest.task_digest(name),
                     "prefix_format_version": PREFIX_FORMAT_VERSION}
             adapter = adapters.get(name)
             if adapter is None:

@@ -58,7 +58,11 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     out = Path(out)
     if out.exists() and not force:
         raise PrefixEdgeError(f"{out} already exists; pass --force to replace it")
+    if out.exists() and not _replaceable(out):
+        raise PrefixEdgeError(f"{out} is not a prefix-edge bundle (no manifest.json) and not empty: "
+                              "--force only replaces bundles")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -77,14 +81,82 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     return manifest
 
 
+def _replaceable(out: Path) -> bool:
+    """--force replaces a bundle (or an empty dir), never another directory or a file."""
+    if out.is_symlink() or not out.is_dir():
+        return False
+    return (out / "manifest.json").is_file() or not any(out.iterdir())
+
+
+def _remove_stale(out: Path) -> None:
+    """Temp dirs of exports that died (kill -9, power loss) next to `out`: their PID is gone."""
+    for p in out.parent.glob(f".{out.name}.*-*"):
+        kind, _, pid = p.name[len(out.name) + 2:].rpartition("-")
+        if kind not in ("partial", "old") or not pid.isdigit() or not p.is_dir():
+            continue
+        if int(pid) != os.getpid() and _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE); False where the OS or
+    filesystem cannot."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    rc = fn(AT_FDCWD, os.fsencode(str(a)), AT_FDCWD, os.fsencode(str(b)), RENAME_EXCHANGE)
+    return rc == 0
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in sorted(root.rglob("*"), reverse=True):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.rename(out, old)
+    """Put the finished bundle at `out` so that at every instant `out` is the complete old
+    bundle or the complete new one: one atomic exchange where the OS has it (then the old one
+    is removed), else rename old away and new in (a kill between the two leaves the old one
+    under .NAME.old-PID, which the next export removes)."""
+    _fsync_tree(tmp)
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    if _exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old bundle
+        return
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    os.rename(out, old)
     os.rename(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,

@@ -274,6 +274,10 @@ def train_adapter(base: Path | None, data: Path, out: Path, *, kind: str = "pref
     out = Path(out)
     if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
         raise PrefixEdgeError(f"{out} exists; use --force to replace it")
+    if out.exists() and (not out.is_dir() or out.is_symlink() or (any(out.iterdir()) and not
+                                                                   (out / "adapter_config.json").is_file())):
+        raise PrefixEdgeError(f"{out} is not an adapter dir (no adapter_config.json) and not empty: "
+                              "--force only replaces adapters")
     train_rows, eval_rows, eval_desc = _split(data, eval_data, held_out, seed)
     if base is None:
         from .source import default_model_path

@@ -64,9 +64,9 @@ class Runtime:
     def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
                  prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 kv_cells: int | None = None):
+                 kv_cells: int | None = None, verify: str = "cached"):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
-        self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size)
+        self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = n_ctx  # positions one request may use (prefix + input + output)
         self.eos = set(manifest.model.eos_token_ids)
@@ -168,7 +168,7 @@ class Runtime:
         tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
         return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size, n_ctx=ctx,
                    slots=slots, queue_size=queue_size, prefill_chunk=prefill_chunk,
-                   resident_bytes=resident_bytes, kv_cells=kv_cells)
+                   resident_bytes=resident_bytes, kv_cells=kv_cells, verify=verify)
 
     # -- API ------------------------------------------------------------------------------
     @property

@@ -13,8 +13,9 @@ from .backend import Backend, Prefix
 
 class PrefixCache:
     def __init__(self, root: Path, manifest: Manifest, backend: Backend, fingerprint: str,
-                 capacity: int = 4):
+                 capacity: int = 4, verify: str = "cached"):
         self.root, self.manifest, self.backend = root, manifest, backend
+        self.verify = verify
         self.fingerprint = fingerprint
         self.capacity = max(0, capacity)
         self._lru: OrderedDict[str, Prefix] = OrderedDict()
@@ -29,9 +30,16 @@ class PrefixCache:
             raise PrefixEdgeError(
                 f"task '{task}': the manifest records its prefix as baked for another model "
                 f"(fingerprint {entry.fingerprint[:12]} vs {self.fingerprint[:12]}); re-export the bundle")
-        path = self.root / entry.file
+        from ..bundle import confined
+        from .verify import file_hashes
+
+        path = confined(self.root, entry.file, f"task '{task}'")
         if not path.is_file():
             raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} is missing from the bundle")
+        if path.stat().st_size != entry.bytes or \
+                file_hashes(self.root, [entry.file], self.verify)[entry.file] != entry.sha256:
+            raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} does not match its manifest "
+                                  "entry (corrupt, replaced or edited); re-export the bundle")
         return path, info.prefix_tokens
 
     def get(self, task: str) -> tuple[Prefix, bool]:
@@ -47,6 +55,13 @@ class PrefixCache:
                 f"task '{task}': prefix {path.name} was baked for a different model "
                 f"(fingerprint {got[:12] or 'none'} vs this bundle's {self.fingerprint[:12]}); "
                 "re-export the bundle")
+        if prefix.metadata.get("task") != task or \
+                prefix.metadata.get("task_digest") != self.manifest.task_digest(task):
+            raise PrefixEdgeError(
+                f"task '{task}': prefix {path.name} was baked for task "
+                f"{prefix.metadata.get('task')!r} with other settings than the manifest's "
+                "(edited manifest, or files swapped); re-export the bundle")
+        check_finite(prefix, f"task '{task}'")
         nv = self.manifest.tasks[task].n_virtual
         if prefix.n_tokens != n or prefix.n_virtual != nv:
             raise PrefixEdgeError(
@@ -58,7 +73,7 @@ class PrefixCache:
                 self._lru.popitem(last=False)
         return prefix, False
 
-    def ids(self, task: str):
+    def ids(self, task: str):  # noqa: D401
         """Only the prefix token ids (for prefilling the prefix instead of loading it).
 
         A trained (peft) prefix has none to prefill: its virtual tokens exist only as the baked
@@ -78,3 +93,30 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._lru.clear()
+
+
+def check_finite(prefix: Prefix, where: str) -> None:
+    """Refuse a prefix whose KV holds NaN or infinite values: restored, they would poison the
+    answer (and, in llama.cpp's shared cache, other requests)."""
+    import numpy as np
+
+    kv = prefix.kv
+    if isinstance(kv, np.ndarray) and kv.dtype == np.uint8:  # a llama.cpp seq-state blob
+        from .seqstate import parse_seq_state
+
+        info = parse_seq_state(kv)
+        buf = kv.data
+        n = info.cell_count
+        for lay in info.layers:
+            parts = [(lay.k_offset, n * lay.k_row_bytes // 2)]
+            if info.v_trans:
+                parts.append((lay.v_offset, n * lay.n_embd_v_gqa))
+            else:
+                parts.append((lay.v_offset, n * lay.v_row_bytes // 2))
+            for off, count in parts:
+                if count and not np.isfinite(np.frombuffer(buf, "<f2", count, off)).all():
+                    raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
+        return
+    for t in kv:
+        if not np.isfinite(t).all():
+            raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")

@@ -29,7 +29,9 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     cache_path = home() / "verified.json"
     try:
         cache = json.loads(cache_path.read_text()) if verify == "cached" else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        cache = {}
+    if not isinstance(cache, dict):  # a corrupt cache only costs a re-hash
         cache = {}
     out, changed = {}, False
     for rel in rel_paths:
@@ -39,7 +41,7 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
         except OSError:
             raise PrefixEdgeError(f"bundle {root}: model file {rel} is missing") from None
         entry = cache.get(str(p))
-        if entry and entry.get("stat") == _stamp(st):
+        if isinstance(entry, dict) and entry.get("stat") == _stamp(st) and isinstance(entry.get("sha256"), str):
             out[rel] = entry["sha256"]
             continue
         out[rel] = sha256_file(p)
