@@ -158,3 +158,26 @@ def test_runtime_never_imports_torch(bundle_int4, backend):
 
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_verify_command(bundle_int4, tmp_path):
+    p = cli("verify", bundle_int4, "--json")
+    assert p.returncode == 0, p.stderr.decode()
+    rep = json.loads(p.stdout)
+    assert rep["ok"] and len(rep["files"]) >= 3 + 2 * 4
+    b = shutil.copytree(bundle_int4, tmp_path / "b")
+    f = b / "tasks" / "raw.gguf.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-10] ^= 0xFF
+    f.write_bytes(bytes(data))
+    p = cli("verify", b, "--json")
+    rep = json.loads(p.stdout)
+    assert p.returncode == 1 and not rep["ok"]
+    assert [r["file"] for r in rep["files"] if r["status"] != "ok"] == ["tasks/raw.gguf.safetensors"]
+
+
+def test_unknown_cli_option_is_one_line(bundle_int4):
+    p = cli("run", "--bundle", bundle_int4, "--task", "raw", "--no-such-option", "x")
+    err = p.stderr.decode()
+    assert p.returncode == 2 and "Traceback" not in err and "no-such-option" in err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3, err

@@ -13,13 +13,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _register() -> None:
-    from . import bench, doctor, export, inspect, run, serve, train  # noqa: F401  (each module adds its commands to `app`)
+    from . import bench, doctor, export, inspect, run, serve, train, verify  # noqa: F401  (each module adds its commands to `app`)
 
 
 def main(argv: list[str] | None = None) -> None:
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)  # click returns an Exit's code here
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except PrefixEdgeError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
@@ -31,10 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         sys.exit(1)
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors (click's, or the copy typer vendors)
+        show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
