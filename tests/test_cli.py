@@ -181,3 +181,39 @@ def test_unknown_cli_option_is_one_line(bundle_int4):
     err = p.stderr.decode()
     assert p.returncode == 2 and "Traceback" not in err and "no-such-option" in err
     assert len([ln for ln in err.splitlines() if ln.strip()]) <= 3, err
+
+
+def test_kill_9_export_never_leaves_a_half_bundle(tiny_model, tasks_file, tmp_path):
+    """kill -9 an export replacing a bundle at 10 seeded points: the path always opens as a
+    complete bundle (old or new), and the next export leaves no temp dir behind."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from prefix_edge import Runtime
+    from prefix_edge.bundle import Manifest
+
+    out = tmp_path / "bundle"
+    args = [sys.executable, "-m", "prefix_edge", "export", str(tiny_model), "--tasks", str(tasks_file),
+            "--out", str(out), "--quantize", "none", "--gguf-quant", "f32", "--force"]
+    t0 = time.time()
+    assert subprocess.run(args, capture_output=True).returncode == 0
+    full = time.time() - t0
+    rng = random.Random(9)
+    created = {Manifest.read(out).extra["created"]}
+    for k in range(10):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, full * 1.1))
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        m = Manifest.read(out)  # a complete bundle, old or new
+        created.add(m.extra["created"])
+        for backend in ("onnx", "gguf"):
+            with Runtime.open(out, backend=backend) as rt:
+                assert rt.generate("raw", "x", max_tokens=2).stats.generated_tokens >= 0
+    assert subprocess.run(args, capture_output=True).returncode == 0
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]
+    assert left == [], left
+    assert len(created) >= 2  # some kills came after the swap: the new bundle was in place
