@@ -103,3 +103,23 @@ def test_user_text_never_becomes_control_tokens(bundle_int4):
         whole = rt.tokenizer.encode(info.input_before + text + info.input_after, add_special_tokens=False).ids
         assert rt.encode_input("support", text).tolist() == whole
         assert rt.generate("support", attack, max_tokens=4).stats.input_tokens == len(ids)
+
+
+def test_hash_cache_never_hides_a_change(bundle_int4, tmp_path, monkeypatch):
+    """Model hashes are remembered by stat identity (in memory and in verified.json): a file
+    changed after a verified open is re-hashed and refused; a corrupt cache only costs a re-hash."""
+    import shutil
+
+    monkeypatch.setenv("PREFIX_EDGE_HOME", str(tmp_path / "home"))
+    b = shutil.copytree(bundle_int4, tmp_path / "b")
+    with Runtime.open(b, backend="onnx") as rt:
+        rt.generate("raw", "x", max_tokens=1)
+    (tmp_path / "home" / "verified.json").write_text("[1, 2")  # corrupt
+    with Runtime.open(b, backend="onnx") as rt:
+        rt.generate("raw", "x", max_tokens=1)
+    f = b / "onnx" / "model.onnx"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size, one bit
+    f.write_bytes(bytes(data))
+    with pytest.raises(PrefixEdgeError, match="model file onnx/model.onnx does not match"):
+        Runtime.open(b, backend="onnx")

@@ -17,6 +17,10 @@ from ..bundle import sha256_file
 from ..errors import PrefixEdgeError
 
 
+MAX_ENTRIES = 1024  # the cache keeps the most recently verified files only
+_MEM: dict[str, dict] = {}  # this process's verified files (same entries as the file)
+
+
 def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
@@ -27,27 +31,37 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     from ..paths import home
 
     cache_path = home() / "verified.json"
-    try:
-        cache = json.loads(cache_path.read_text()) if verify == "cached" else {}
-    except (OSError, ValueError, RecursionError):
-        cache = {}
-    if not isinstance(cache, dict):  # a corrupt cache only costs a re-hash
-        cache = {}
-    out, changed = {}, False
+    out, stats, missing = {}, {}, []
     for rel in rel_paths:
         p = (root / rel).resolve()
         try:
             st = p.stat()
         except OSError:
             raise PrefixEdgeError(f"bundle {root}: model file {rel} is missing") from None
+        stats[rel] = (p, st)
+        entry = _MEM.get(str(p)) if verify == "cached" else None
+        if entry and entry["stat"] == _stamp(st):
+            out[rel] = entry["sha256"]
+        else:
+            missing.append(rel)
+    if not missing:
+        return out  # the hot path: no file I/O beyond one stat per file
+    cache = _read(cache_path) if verify == "cached" else {}
+    changed = False
+    for rel in missing:
+        p, st = stats[rel]
         entry = cache.get(str(p))
         if isinstance(entry, dict) and entry.get("stat") == _stamp(st) and isinstance(entry.get("sha256"), str):
             out[rel] = entry["sha256"]
-            continue
-        out[rel] = sha256_file(p)
-        cache[str(p)] = {"stat": _stamp(st), "sha256": out[rel]}
-        changed = True
+        else:
+            out[rel] = sha256_file(p)
+            cache.pop(str(p), None)
+            cache[str(p)] = {"stat": _stamp(st), "sha256": out[rel]}
+            changed = True
+        _MEM[str(p)] = {"stat": _stamp(st), "sha256": out[rel]}
     if changed and verify == "cached":
+        while len(cache) > MAX_ENTRIES:  # oldest first
+            cache.pop(next(iter(cache)))
         try:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache_path.with_suffix(f".tmp-{os.getpid()}")
@@ -55,4 +69,14 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
             os.replace(tmp, cache_path)
         except OSError:
             pass  # a read-only home only costs the re-hash next time
+    while len(_MEM) > MAX_ENTRIES:
+        _MEM.pop(next(iter(_MEM)))
     return out
+
+
+def _read(path: Path) -> dict:
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return cache if isinstance(cache, dict) else {}  # a corrupt cache only costs a re-hash
