@@ -97,3 +97,19 @@ def test_int8_export_runs(tiny_model, tasks_file, tmp_path):
         assert rt.manifest.backends["onnx"].quantization == "int8"
         r = rt.generate("support", INPUTS[0], max_tokens=4)
         assert r.stats.generated_tokens == len(r.tokens) and r.stats.prefix_tokens > 0
+
+
+def test_export_records_fidelity_against_transformers(bundle_fp32, bundle_int4):
+    """Each backend's deployed model is compared with the source model (transformers fp32) on
+    probe prompts at export; fp32 deployments agree to float precision."""
+    from prefix_edge.bundle import Manifest
+
+    fid = Manifest.read(bundle_fp32).extra["fidelity"]
+    for backend, tol in (("onnx", 1e-3), ("gguf", 5e-2)):  # gguf: f32 weights, F16 KV cache
+        r = fid[backend]
+        assert r["probes"] >= 4
+        assert r["max_abs_logit_diff_first_token"] < tol, r
+        assert r["first_token_agrees"] == r["greedy_8_agrees"] == r["probes"], r
+    m = Manifest.read(bundle_int4)
+    assert set(m.extra["fidelity"]) == {"onnx", "gguf"}
+    assert "warnings" not in m.extra or not any("fidelity" in w for w in m.extra["warnings"])

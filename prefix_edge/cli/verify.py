@@ -13,8 +13,7 @@ from . import app
 
 def verify_bundle(root: Path) -> list[dict]:
     """One row per file: {file, kind, bytes, status, detail}. status "ok" or "FAIL"."""
-    from safetensors import safe_open
-
+    from .. import prefixfile
     from ..bundle import Manifest, confined, sha256_file
 
     m = Manifest.read(root)
@@ -54,9 +53,8 @@ def verify_bundle(root: Path) -> list[dict]:
                 continue
             row = rows[-1]
             try:
-                with safe_open(str(root / e.file), framework="np") as f:
-                    meta = f.metadata() or {}
-            except Exception as ex:  # safetensors' own errors
+                meta = prefixfile.metadata(root / e.file)
+            except Exception as ex:  # PrefixEdgeError: one line
                 row.update(status="FAIL", detail=f"unreadable: {str(ex).splitlines()[0]}")
                 continue
             if meta.get("fingerprint") != fps.get(backend) or e.fingerprint != fps.get(backend):

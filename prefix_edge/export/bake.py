@@ -25,7 +25,7 @@ from ..errors import PrefixEdgeError
 from ..runtime.backend import Prefix
 from ..tasks import RenderedTask
 
-PREFIX_FORMAT_VERSION = "1"
+from ..prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
 
 
 def leading_special_ids(tokenizer) -> list[int]:

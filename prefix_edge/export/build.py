@@ -192,13 +192,20 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
            for name, r in rendered.items()}
 
     backends = {}
+    fusions: dict = {}
     if "onnx" in formats:
-        backends["onnx"] = _onnx_model(hf_dir, root / "onnx" / "model.onnx", quantize, work, st)
+        backends["onnx"] = _onnx_model(hf_dir, root / "onnx" / "model.onnx", quantize, work, st, fusions)
     if "gguf" in formats:
         backends["gguf"] = _gguf_model(model, hf_dir, root / "gguf" / "model.gguf", gguf_quant, work, st)
         if not _llama_runs(root / "gguf" / "model.gguf", optional_gguf and "onnx" in backends, st):
             del backends["gguf"]
             shutil.rmtree(root / "gguf")
+    from .fidelity import probe_ids, reference
+
+    text_ids = [list(v)[-256:] for k, v in ids.items() if len(v) and k not in adapters][:1]
+    probes = probe_ids(rt_tok, text_ids)
+    with st.stage("fidelity reference (transformers fp32)"):
+        ref = reference(hf_dir, probes)
     shutil.rmtree(work)
     for name, b in backends.items():
         b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / name).iterdir())])
@@ -209,6 +216,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     manifest = Manifest(model=info, tokenizer=tokenizer, backends=backends, tasks={},
                         created_by=f"prefix-edge {__version__}")
     manifest.extra["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if fusions:
+        manifest.extra["onnx_fusions"] = fusions
     for s in specs:
         r = rendered[s.name]
         a = adapters.get(s.name)
@@ -220,15 +229,23 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             adapter=a.manifest_entry() if a else None)
 
     (root / "tasks").mkdir()
-    n_ctx = max(t.prefix_tokens for t in manifest.tasks.values()) + 8
+    from .fidelity import GREEDY, measure, verdict
+
+    n_ctx = max([t.prefix_tokens for t in manifest.tasks.values()] +
+                [len(p) + GREEDY for p in probes]) + 8
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
             be = open_backend(name, root / model_file, n_ctx=n_ctx)
             try:
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file)
+                result = measure(be, probes, ref)
             finally:
                 be.close()
+        manifest.extra.setdefault("fidelity", {})[name] = result
+        problem = verdict(name, result)
+        if problem:
+            st.warn(problem)
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
@@ -258,12 +275,13 @@ def _config_name(hf_dir: Path) -> str:
         return ""
 
 
-def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages) -> BackendInfo:
+def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages,
+                fusions: dict | None = None) -> BackendInfo:
     from ..quantize.onnx import quantize_onnx
     from .onnx import export_onnx
 
     with st.stage("export ONNX (fp32)"):
-        fp32 = export_onnx(hf_dir, work / "onnx-fp32")
+        fp32 = export_onnx(hf_dir, work / "onnx-fp32", warn=st.warn, report=fusions)
     with st.stage(f"quantize ONNX ({quantize})"):
         quantize_onnx(fp32, dst, quantize)
     return BackendInfo(files={}, kv_dtype="", quantization=quantize)

@@ -19,8 +19,9 @@ from pathlib import Path
 from ..errors import PrefixEdgeError
 
 
-def export_onnx(hf_dir: Path, out_dir: Path) -> Path:
-    """Export an fp32 graph with past KV inputs; return the path of model.onnx."""
+def export_onnx(hf_dir: Path, out_dir: Path, warn=None, report: dict | None = None) -> Path:
+    """Export an fp32 graph with past KV inputs; return the path of model.onnx. `warn(msg)`
+    gets a line when the fusions fail or match nothing; `report` receives the fused-op counts."""
     from optimum.exporters.onnx import main_export
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -38,18 +39,21 @@ def export_onnx(hf_dir: Path, out_dir: Path) -> Path:
     path = out_dir / "model.onnx"
     if not path.is_file():
         raise PrefixEdgeError(f"ONNX export of {hf_dir} produced no model.onnx")
-    return fuse(path, hf_dir)
+    return fuse(path, hf_dir, warn, report)
 
 
-def fuse(path: Path, hf_dir: Path) -> Path:
-    """Apply ORT's transformer fusions; return the fused graph's path (or `path` unchanged)."""
+def fuse(path: Path, hf_dir: Path, warn=None, report: dict | None = None) -> Path:
+    """Apply ORT's transformer fusions; return the fused graph's path (or `path` unchanged, with
+    a warning: an unfused graph is exact but decodes slower)."""
+    warn = warn or (lambda msg: None)
     import json
 
     from onnxruntime.transformers.optimizer import optimize_model
 
     cfg = json.loads((hf_dir / "config.json").read_text())
-    if path.stat().st_size > 1_900_000_000:
-        return path  # the optimizer holds the whole proto in memory: skip for > 2 GB graphs
+    if path.stat().st_size > 1_900_000_000:  # the optimizer holds the whole proto in memory
+        warn("ORT fusions skipped: the graph is over 1.9 GB; deployed unfused (slower decode)")
+        return path
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -57,9 +61,15 @@ def fuse(path: Path, hf_dir: Path) -> Path:
             model = optimize_model(str(path), model_type="qwen3", num_heads=cfg["num_attention_heads"],
                                    hidden_size=cfg["hidden_size"], opt_level=0, use_gpu=False)
         stats = model.get_fused_operator_statistics()
-    except Exception:
+    except Exception as e:
+        warn(f"ORT fusions failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+             "deployed unfused (slower decode)")
         return path
+    if report is not None:
+        report.update({k: int(v) for k, v in stats.items() if v})
     if not stats.get("RotaryEmbedding") and not stats.get("SkipSimplifiedLayerNormalization"):
+        warn("ORT fusions matched nothing in this graph (RotaryEmbedding, "
+             "SkipSimplifiedLayerNormalization); deployed unfused (slower decode)")
         return path
     _trim_rope_caches(model.model, cfg.get("max_position_embeddings", 2048))
     fused = path.with_name("model-fused.onnx")

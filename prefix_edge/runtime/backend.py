@@ -49,31 +49,11 @@ class Prefix:
         return self.n_virtual + len(self.ids)
 
 
-def read_prefix_ids(path: Path) -> np.ndarray:
-    """A prefix file's text ids (both backends' files store them as `prefix_ids`)."""
-    from safetensors import safe_open
-
-    from ..errors import PrefixEdgeError
-
-    try:
-        with safe_open(str(path), framework="np") as f:
-            return f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
-    except Exception as e:
-        raise PrefixEdgeError(f"{path}: cannot read prefix ids: {e}") from None
-
-
 def read_n_virtual(metadata: dict[str, str], where: str) -> int:
-    """A prefix file's `n_virtual` metadata (absent: 0), checked."""
-    raw = metadata.get("n_virtual", "0")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        from ..errors import PrefixEdgeError
+    """A prefix file's `n_virtual` metadata (the codec, prefixfile.py, owns the format)."""
+    from ..prefixfile import n_virtual
 
-        raise PrefixEdgeError(f"{where}: metadata n_virtual is {raw!r}, not a count")
-    return n
+    return n_virtual(metadata, where)
 
 
 class Backend(Protocol):
@@ -86,6 +66,8 @@ class Backend(Protocol):
     kv_dtype_name: str
 
     def load_prefix(self, path: Path) -> Prefix: ...
+
+    def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix: ...
 
     def read_prefix_ids(self, path: Path) -> np.ndarray: ...
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix, read_n_virtual, read_prefix_ids
+from .. import prefixfile
+from .backend import Prefix
 from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 
 STATE_FORMAT = "llama.cpp-seq-state"
@@ -181,38 +182,32 @@ class LlamaBackend:
 
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:
-        from safetensors import safe_open
+        """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
+        tensors, meta = prefixfile.read(path, [prefixfile.STATE, prefixfile.IDS])
+        return self.prefix_from(tensors, meta, str(path))
 
-        try:
-            with safe_open(str(path), framework="np") as f:
-                meta = f.metadata() or {}
-                names = set(f.keys())
-                for need in ("state", "prefix_ids"):
-                    if need not in names:
-                        raise PrefixEdgeError(f"{path}: prefix file lacks tensor {need!r}")
-                ids = f.get_tensor("prefix_ids").astype(np.int64).reshape(-1)
-                state = f.get_tensor("state")
-        except PrefixEdgeError:
-            raise
-        except Exception as e:
-            raise PrefixEdgeError(f"{path}: cannot read prefix file: {e}") from None
+    def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix:
+        """A Prefix from a prefix file's tensors and metadata; the blob is walked and checked
+        against this model before anything reaches llama.cpp."""
         if meta.get("backend", self.name) != self.name:
-            raise PrefixEdgeError(f"{path}: prefix baked for the {meta['backend']!r} backend, not gguf")
+            raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not gguf")
         baked_with = meta.get("state_version")
         if baked_with and _format_part(baked_with) != _format_part(self.state_version):
-            raise PrefixEdgeError(f"{path}: KV state written by {baked_with}, this runtime reads "
+            raise PrefixEdgeError(f"{where}: KV state written by {baked_with}, this runtime reads "
                                   f"{self.state_version}: rebake the prefix")
+        ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
+        state = tensors[prefixfile.STATE]
         if state.dtype != np.uint8 or state.ndim != 1:
-            raise PrefixEdgeError(f"{path}: tensor 'state' is {state.dtype}{list(state.shape)}, "
+            raise PrefixEdgeError(f"{where}: tensor 'state' is {state.dtype}{list(state.shape)}, "
                                   "expected uint8 [bytes]")
         prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes),
-                        n_virtual=read_n_virtual(meta, str(path)))
-        self._check(prefix, str(path))
-        prefix.checked_by = self  # begin() need not walk this blob again
+                        n_virtual=prefixfile.n_virtual(meta, where))
+        self._check(prefix, where)
+        prefix.checked_by = self  # seq_restore need not walk this blob again
         return prefix
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
-        return read_prefix_ids(path)
+        return prefixfile.read_ids(path)
 
     def _check(self, prefix: Prefix, where: str = "prefix") -> None:
         if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
@@ -427,15 +422,12 @@ class LlamaBackend:
 def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str]) -> None:
     """Write a gguf prefix file; the blob is walked first, its facts go into the metadata.
     `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
-    from safetensors.numpy import save_file
-
     ids = np.asarray(ids, np.int64).reshape(-1)
     meta = {k: str(v) for k, v in metadata.items()}
-    n_cells = read_n_virtual(meta, "write_prefix") + len(ids)
+    n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
     info = parse_seq_state(blob)
     check_seq_state(info, {"cell_count": n_cells})
     meta.update({"backend": LlamaBackend.name, "state_format": STATE_FORMAT,
                  "state_version": state_version(), "n_layer": str(info.n_layer),
                  "v_trans": str(int(info.v_trans)), "kv_type": "f16", "n_tokens": str(n_cells)})
-    state = np.frombuffer(bytes(blob), np.uint8)
-    save_file({"state": state, "prefix_ids": ids}, str(path), metadata=meta)
+    prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)

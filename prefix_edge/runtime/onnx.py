@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .backend import Prefix, read_n_virtual, read_prefix_ids
+from .. import prefixfile
+from .backend import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -72,32 +73,27 @@ class OnnxBackend:
 
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:
-        from safetensors import safe_open
+        """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
+        tensors, meta = prefixfile.read(path, self.past_names + [prefixfile.IDS])
+        return self.prefix_from(tensors, meta, str(path))
 
-        try:
-            with safe_open(str(path), framework="np") as f:
-                meta = f.metadata() or {}
-                names = set(f.keys())
-                missing = [n for n in self.past_names + ["prefix_ids"] if n not in names]
-                if missing:
-                    raise PrefixEdgeError(f"{path}: prefix file lacks tensor {missing[0]}")
-                ids = f.get_tensor("prefix_ids").astype(np.int64)
-                kv = [f.get_tensor(n) for n in self.past_names]
-        except PrefixEdgeError:
-            raise
-        except Exception as e:
-            raise PrefixEdgeError(f"{path}: cannot read prefix file: {e}") from None
-        n_virtual = read_n_virtual(meta, str(path))  # trained positions before the ids
+    def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix:
+        """A Prefix from a prefix file's tensors and metadata, checked against this model."""
+        if meta.get("backend", self.name) != self.name:
+            raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not onnx")
+        ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
+        kv = [tensors[n] for n in self.past_names]
+        n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids
         want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
         for n, t in zip(self.past_names, kv):
             if t.shape != want or t.dtype != self.kv_dtype:
                 raise PrefixEdgeError(
-                    f"{path}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
+                    f"{where}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
                     f"{np.dtype(self.kv_dtype)}{list(want)}")
         return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
-        return read_prefix_ids(path)
+        return prefixfile.read_ids(path)
 
     def state_info(self) -> dict:
         """What restoring a prefix depends on beyond the model files (recorded in the manifest)."""
@@ -203,8 +199,4 @@ class OnnxBackend:
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    from safetensors.numpy import save_file
-
-    tensors = {k: np.ascontiguousarray(v) for k, v in kv.items()}
-    tensors["prefix_ids"] = np.asarray(ids, np.int64)
-    save_file(tensors, str(path), metadata={**metadata, "backend": "onnx"})
+    prefixfile.write(path, ids, kv, {**metadata, "backend": "onnx"})

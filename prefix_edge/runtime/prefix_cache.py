@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from pathlib import Path
 
+from .. import prefixfile
 from ..bundle import Manifest
 from ..errors import PrefixEdgeError
 from .backend import Backend, Prefix
@@ -48,7 +49,8 @@ class PrefixCache:
             self._lru.move_to_end(task)
             return self._lru[task], True
         path, n = self._file(task)
-        prefix = self.backend.load_prefix(path)
+        tensors, meta = prefixfile.read(path)  # the codec reads; the backend checks the arrays
+        prefix = self.backend.prefix_from(tensors, meta, str(path))
         got = prefix.metadata.get("fingerprint", "")
         if got != self.fingerprint:
             raise PrefixEdgeError(
@@ -89,7 +91,7 @@ class PrefixCache:
         if task in self._lru:
             return self._lru[task].ids
         path, _ = self._file(task)
-        return self.backend.read_prefix_ids(path)
+        return prefixfile.read_ids(path)
 
     def clear(self) -> None:
         self._lru.clear()

@@ -1,0 +1,75 @@
+"""Export-time fidelity: the deployed models against the source model (transformers, fp32).
+
+After a backend's deployed model is built and its prefixes baked, a few probe prompts run
+through both: the largest |logit difference| at the first generated position, whether the first
+token agrees, and whether 8 greedy tokens agree. The result goes into the manifest
+(`extra.fidelity`); a deployed model that disagrees on the first token for most probes is a
+visible export warning (a conversion or fusion that went wrong must not pass silently).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PROBES = ("The capital of France is",
+          "def add(a, b):\n    return",
+          "Customer: my order 1234 has not arrived yet. Agent:")
+GREEDY = 8
+
+
+def probe_ids(tokenizer, extra: list[list[int]] = ()) -> list[list[int]]:
+    ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in PROBES]
+    return [p for p in ids + list(extra) if p]
+
+
+def reference(hf_dir, probes: list[list[int]]) -> list[tuple[np.ndarray, list[int]]]:
+    """(first-position logits, greedy tokens) per probe, from transformers in fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32)
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for ids in probes:
+            seq = list(ids)
+            first = None
+            for _ in range(GREEDY):
+                logits = model(input_ids=torch.tensor([seq])).logits[0, -1].float().numpy()
+                if first is None:
+                    first = logits.copy()
+                seq.append(int(np.argmax(logits)))
+            out.append((first, seq[len(ids):]))
+    del model
+    return out
+
+
+def measure(be, probes: list[list[int]], ref) -> dict:
+    """The deployed backend `be` (one-sequence API) against the reference."""
+    max_diff, first_ok, greedy_ok = 0.0, 0, 0
+    for ids, (ref_logits, ref_tokens) in zip(probes, ref):
+        be.begin(None)
+        logits = be.prefill(np.asarray(ids, np.int64))
+        n = min(len(logits), len(ref_logits))
+        max_diff = max(max_diff, float(np.max(np.abs(logits[:n] - ref_logits[:n]))))
+        toks = []
+        for _ in range(GREEDY):
+            tok = int(np.argmax(logits))
+            toks.append(tok)
+            if len(toks) < GREEDY:
+                logits = be.step(tok)
+        first_ok += toks[0] == ref_tokens[0]
+        greedy_ok += toks == ref_tokens
+    be.begin(None)
+    return {"probes": len(probes), "max_abs_logit_diff_first_token": round(max_diff, 6),
+            "first_token_agrees": first_ok, "greedy_8_agrees": greedy_ok}
+
+
+def verdict(backend: str, result: dict) -> str | None:
+    """A warning line when the deployed model mostly disagrees with its source, else None."""
+    if result["first_token_agrees"] * 2 < result["probes"]:
+        return (f"fidelity: the deployed {backend} model disagrees with the source model on the "
+                f"first token of {result['probes'] - result['first_token_agrees']} of "
+                f"{result['probes']} probes (max |logit diff| "
+                f"{result['max_abs_logit_diff_first_token']:.3g}): check the conversion/quantization")
+    return None

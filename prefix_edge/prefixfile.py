@@ -1,0 +1,104 @@
+"""The prefix-file codec: the one place that knows how a task's baked prefix is stored.
+
+A prefix file is a safetensors file:
+
+    prefix_ids                     int64 [P - n_virtual]: the text ids after the virtual tokens
+    past_key_values.{i}.key|value  (onnx) [1, n_kv_heads, P, head_dim] in the graph's KV dtype
+    state                          (gguf) uint8 [bytes]: llama.cpp's sequence-state blob
+
+and string metadata (schema version PREFIX_FORMAT_VERSION):
+
+    backend, fingerprint, task, task_digest, prefix_format_version, n_virtual (peft tasks),
+    + gguf: state_format, state_version, n_layer, v_trans, kv_type, n_tokens
+
+Backends never open these files: `read` hands them the tensors and metadata; `write` is what
+export's baking calls through the backends' save_prefix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PrefixEdgeError
+
+PREFIX_FORMAT_VERSION = "1"
+IDS = "prefix_ids"
+STATE = "state"
+MAX_BYTES = 16 << 30
+
+
+def kv_name(layer: int, which: str) -> str:
+    return f"past_key_values.{layer}.{which}"
+
+
+def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors."""
+    from safetensors import safe_open
+
+    try:
+        if Path(path).stat().st_size > MAX_BYTES:
+            raise PrefixEdgeError(f"{path}: prefix file is larger than {MAX_BYTES >> 30} GB")
+        with safe_open(str(path), framework="np") as f:
+            meta = dict(f.metadata() or {})
+            names = set(f.keys())
+            for n in need or []:
+                if n not in names:
+                    raise PrefixEdgeError(f"{path}: prefix file lacks tensor {n!r}")
+            tensors = {n: f.get_tensor(n) for n in (need or sorted(names))}
+    except PrefixEdgeError:
+        raise
+    except Exception as e:  # safetensors' and numpy's own errors
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: {msg}") from None
+    fmt = meta.get("prefix_format_version", PREFIX_FORMAT_VERSION)
+    if fmt != PREFIX_FORMAT_VERSION:
+        raise PrefixEdgeError(f"{path}: prefix file format {fmt!r}, this prefix-edge reads "
+                              f"{PREFIX_FORMAT_VERSION!r}; re-export the bundle")
+    return tensors, meta
+
+
+def metadata(path: Path) -> dict[str, str]:
+    """Only the metadata (no tensor is read)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: {msg}") from None
+
+
+def read_ids(path: Path) -> np.ndarray:
+    tensors, _ = read(path, [IDS])
+    return ids_of(tensors[IDS], str(path))
+
+
+def ids_of(t: np.ndarray, where: str) -> np.ndarray:
+    if t.dtype.kind not in "iu" or t.ndim != 1:
+        raise PrefixEdgeError(f"{where}: tensor {IDS!r} is {t.dtype}{list(t.shape)}, expected int64 [n]")
+    return t.astype(np.int64)
+
+
+def n_virtual(metadata: dict[str, str], where: str) -> int:
+    """The `n_virtual` metadata (absent: 0), checked."""
+    raw = metadata.get("n_virtual", "0")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise PrefixEdgeError(f"{where}: metadata n_virtual is {raw!r}, not a count")
+    return n
+
+
+def write(path: Path, ids: np.ndarray, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    out = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    out[IDS] = np.asarray(ids, np.int64).reshape(-1)
+    meta = {k: str(v) for k, v in metadata.items()}
+    meta.setdefault("prefix_format_version", PREFIX_FORMAT_VERSION)
+    save_file(out, str(path), metadata=meta)
