@@ -217,3 +217,16 @@ def test_kill_9_export_never_leaves_a_half_bundle(tiny_model, tasks_file, tmp_pa
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]
     assert left == [], left
     assert len(created) >= 2  # some kills came after the swap: the new bundle was in place
+
+
+@pytest.mark.parametrize("config,tokenizer", [("{bad", "{}"), ('{"model_type": "llama"}', "{}"),
+                                              ('{"model_type": "llama"}', "not json")])
+def test_export_of_a_broken_model_dir_is_one_line(tasks_file, tmp_path, config, tokenizer):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(config)
+    (d / "tokenizer.json").write_text(tokenizer)
+    p = cli("export", d, "--tasks", tasks_file, "--out", tmp_path / "out")
+    assert_one_line_error(p, "cannot load the model")
+    assert not (tmp_path / "out").exists()
+    assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".out.")] == []

@@ -103,6 +103,10 @@ def test_user_text_never_becomes_control_tokens(bundle_int4):
         whole = rt.tokenizer.encode(info.input_before + text + info.input_after, add_special_tokens=False).ids
         assert rt.encode_input("support", text).tolist() == whole
         assert rt.generate("support", attack, max_tokens=4).stats.input_tokens == len(ids)
+        # the opt-in raw mode parses them (for callers that build control sequences on purpose)
+        raw = rt.encode_input("support", attack, raw_special_tokens=True)
+        assert sum(int(i) in special for i in raw) == sum(int(i) in special for i in plain) + 3
+        assert rt.generate("support", attack, max_tokens=4, raw_special_tokens=True).stats.input_tokens == len(raw)
 
 
 def test_hash_cache_never_hides_a_change(bundle_int4, tmp_path, monkeypatch):

@@ -171,13 +171,13 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     work = root / "_work"
     work.mkdir()
-    with st.stage(f"load {model.name}"):
+    with st.stage(f"load {model.name}"), _one_line(f"{model}: cannot load the model or its tokenizer"):
         hf_dir = prepare_hf_dir(model, work)
         tok = AutoTokenizer.from_pretrained(str(hf_dir))
         if not tok.is_fast:
             raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
         tok.save_pretrained(str(root / "tokenizer"))
-    info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
+        info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
     chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
         (tok.chat_template or {}).get("default")
     special = {k: getattr(tok, k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
@@ -249,6 +249,25 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
+
+
+class _one_line:
+    """Turn a library's exception (transformers, tokenizers, json ...) about bad input into one
+    PrefixEdgeError line that says what was being read."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or isinstance(exc, (PrefixEdgeError, KeyboardInterrupt, SystemExit)):
+            return False
+        if not isinstance(exc, Exception):
+            return False
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise PrefixEdgeError(f"{self.what}: {type(exc).__name__}{': ' + msg if msg else ''}") from None
 
 
 def _llama_runs(model_file: Path, optional: bool, st: Stages) -> bool:

@@ -233,15 +233,16 @@ class Runtime:
 
     # -- requests -------------------------------------------------------------------------
     def options(self, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - set(DEFAULTS) - {"use_prefix_cache"}
+        unknown = set(overrides) - set(DEFAULTS) - {"use_prefix_cache", "raw_special_tokens"}
         if unknown:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
-        over = {k: v for k, v in overrides.items() if v is not None and k != "use_prefix_cache"}
+        over = {k: v for k, v in overrides.items()
+                if v is not None and k not in ("use_prefix_cache", "raw_special_tokens")}
         over = check_generation(over)
         opts = {**DEFAULTS, **self.manifest.tasks[task].defaults, **over}
         return check_generation(opts)
 
-    def encode_input(self, task: str, text: str) -> np.ndarray:
+    def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
         """The task's input wrapping around the user's text, tokenized. The user's text never
         becomes control tokens: if it spells one (`<|im_end|>`...), it is encoded as plain text
         (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
@@ -250,6 +251,8 @@ class Runtime:
         head, _, tail = fill_template(info.template, "\x00").partition("\x00")
         before, after = info.input_before + head, tail + info.input_after
         enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
+        if raw_special_tokens:  # the caller's opt-in: special tokens in the text are parsed
+            return np.array(enc.ids, np.int64)
         lo, hi = len(before), len(before) + len(text)
         if not any(a < hi and b > lo and tid in self._special_ids
                    for tid, (a, b) in zip(enc.ids, enc.offsets)):
@@ -268,13 +271,16 @@ class Runtime:
                                   f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
         if not isinstance(text, str):
             raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
+        raw = overrides.get("raw_special_tokens", False)
+        if not isinstance(raw, bool):
+            raise PrefixEdgeError(f"raw_special_tokens must be true or false, got {raw!r}")
         use_cache = overrides.get("use_prefix_cache", True)
         if not isinstance(use_cache, bool):
             raise PrefixEdgeError(f"use_prefix_cache must be true or false, got {use_cache!r}")
         opts = self.options(task, overrides)
         if not text.strip():
             raise PrefixEdgeError("the input is empty: nothing to generate from")
-        ids = self.encode_input(task, text)
+        ids = self.encode_input(task, text, raw_special_tokens=raw)
         P = self.manifest.tasks[task].prefix_tokens
         room = self.n_ctx - P - len(ids)
         if room < 1:
