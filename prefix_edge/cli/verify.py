@@ -13,7 +13,7 @@ from . import app
 
 def verify_bundle(root: Path) -> list[dict]:
     """One row per file: {file, kind, bytes, status, detail}. status "ok" or "FAIL"."""
-    from .. import prefixfile
+    from ..bundle import prefixfile
     from ..bundle import Manifest, confined, sha256_file
 
     m = Manifest.read(root)

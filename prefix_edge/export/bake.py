@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Manifest, ModelInfo, TaskPrefixFile, sha256_file
+from ..bundle import Manifest, ModelInfo, TaskPrefixFile, layout, sha256_file
 from ..errors import PrefixEdgeError
 from ..runtime.backend import Prefix
 from ..tasks import RenderedTask
 
-from ..prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
+from ..bundle.prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
 
 
 def leading_special_ids(tokenizer) -> list[int]:
@@ -89,7 +89,7 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
                 meta["n_virtual"] = str(adapter.n_virtual)
             if ids:
                 be.prefill(np.array(ids, np.int64))
-            rel = f"tasks/{name}.{be.name}.safetensors"
+            rel = layout.prefix_file(name, be.name)
             be.save_prefix(root / rel, np.array(ids, np.int64), meta)
             (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
             out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),

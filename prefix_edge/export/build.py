@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, sha256_file
+from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, layout, sha256_file
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks, render_task, text_hash
 from .progress import Stages
@@ -176,13 +176,13 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         tok = AutoTokenizer.from_pretrained(str(hf_dir))
         if not tok.is_fast:
             raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
-        tok.save_pretrained(str(root / "tokenizer"))
+        tok.save_pretrained(str(root / layout.TOKENIZER_DIR))
         info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
     chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
         (tok.chat_template or {}).get("default")
     special = {k: getattr(tok, k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
     rendered = {s.name: render_task(s, chat_template, special) for s in specs}
-    rt_tok = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
+    rt_tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
     adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
     base_names = [model.name, str(model), _config_name(hf_dir)]
     for a in adapters.values():
@@ -194,12 +194,12 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     backends = {}
     fusions: dict = {}
     if "onnx" in formats:
-        backends["onnx"] = _onnx_model(hf_dir, root / "onnx" / "model.onnx", quantize, work, st, fusions)
+        backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st, fusions)
     if "gguf" in formats:
-        backends["gguf"] = _gguf_model(model, hf_dir, root / "gguf" / "model.gguf", gguf_quant, work, st)
-        if not _llama_runs(root / "gguf" / "model.gguf", optional_gguf and "onnx" in backends, st):
+        backends["gguf"] = _gguf_model(model, hf_dir, root / layout.MODEL_FILE["gguf"], gguf_quant, work, st)
+        if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):
             del backends["gguf"]
-            shutil.rmtree(root / "gguf")
+            shutil.rmtree(root / layout.model_dir("gguf"))
     from .fidelity import probe_ids, reference
 
     text_ids = [list(v)[-256:] for k, v in ids.items() if len(v) and k not in adapters][:1]
@@ -208,10 +208,10 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         ref = reference(hf_dir, probes)
     shutil.rmtree(work)
     for name, b in backends.items():
-        b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / name).iterdir())])
+        b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / layout.model_dir(name)).iterdir())])
 
-    tokenizer = TokenizerInfo(file="tokenizer/tokenizer.json",
-                              sha256=sha256_file(root / "tokenizer/tokenizer.json"),
+    tokenizer = TokenizerInfo(file=layout.TOKENIZER,
+                              sha256=sha256_file(root / layout.TOKENIZER),
                               chat_template_sha256=text_hash(chat_template))
     manifest = Manifest(model=info, tokenizer=tokenizer, backends=backends, tasks={},
                         created_by=f"prefix-edge {__version__}")
@@ -228,7 +228,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             defaults=dict(s.defaults), prefixes={}, n_virtual=n_virtual,
             adapter=a.manifest_entry() if a else None)
 
-    (root / "tasks").mkdir()
+    (root / layout.TASKS_DIR).mkdir()
     from .fidelity import GREEDY, measure, verdict
 
     n_ctx = max([t.prefix_tokens for t in manifest.tasks.values()] +

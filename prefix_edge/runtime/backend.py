@@ -51,7 +51,7 @@ class Prefix:
 
 def read_n_virtual(metadata: dict[str, str], where: str) -> int:
     """A prefix file's `n_virtual` metadata (the codec, prefixfile.py, owns the format)."""
-    from ..prefixfile import n_virtual
+    from ..bundle.prefixfile import n_virtual
 
     return n_virtual(metadata, where)
 

@@ -24,7 +24,7 @@ from .sampling import Sampler
 from .scheduler import Request, Scheduler
 from .stream import AsyncStream, Result, Stats, Stream
 from .text import TextStream
-from .verify import file_hashes
+from ..bundle.verify import file_hashes
 
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .. import prefixfile
+from ..bundle import prefixfile
 from .backend import Prefix
 from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 
@@ -195,6 +195,7 @@ class LlamaBackend:
         if baked_with and _format_part(baked_with) != _format_part(self.state_version):
             raise PrefixEdgeError(f"{where}: KV state written by {baked_with}, this runtime reads "
                                   f"{self.state_version}: rebake the prefix")
+        prefixfile.require(tensors, [prefixfile.STATE, prefixfile.IDS], where)
         ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
         state = tensors[prefixfile.STATE]
         if state.dtype != np.uint8 or state.ndim != 1:

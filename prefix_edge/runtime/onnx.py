@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .. import prefixfile
+from ..bundle import prefixfile
 from .backend import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -81,6 +81,7 @@ class OnnxBackend:
         """A Prefix from a prefix file's tensors and metadata, checked against this model."""
         if meta.get("backend", self.name) != self.name:
             raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not onnx")
+        prefixfile.require(tensors, self.past_names + [prefixfile.IDS], where)
         ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
         kv = [tensors[n] for n in self.past_names]
         n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids

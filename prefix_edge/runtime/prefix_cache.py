@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from pathlib import Path
 
-from .. import prefixfile
+from ..bundle import prefixfile
 from ..bundle import Manifest
 from ..errors import PrefixEdgeError
 from .backend import Backend, Prefix
@@ -32,7 +32,7 @@ class PrefixCache:
                 f"task '{task}': the manifest records its prefix as baked for another model "
                 f"(fingerprint {entry.fingerprint[:12]} vs {self.fingerprint[:12]}); re-export the bundle")
         from ..bundle import confined
-        from .verify import file_hashes
+        from ..bundle.verify import file_hashes
 
         path = confined(self.root, entry.file, f"task '{task}'")
         if not path.is_file():

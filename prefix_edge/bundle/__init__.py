@@ -1,4 +1,7 @@
-"""The bundle manifest: the one contract between export and runtime.
+"""The bundle: the one contract between export and runtime, and the only code that knows its
+format. This package: the typed manifest (here), its schema check (check.py), the layout and
+path confinement (layout.py), the prefix-file codec (prefixfile.py) and file verification
+(verify.py).
 
 A bundle is a directory:
 
@@ -29,11 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import PrefixEdgeError
+from ..errors import PrefixEdgeError
+
+from .layout import MANIFEST, confined  # noqa: E402,F401  (the layout's own module)
 
 FORMAT = "prefix-edge-bundle"
 FORMAT_VERSION = 2  # 2: task digests in prefix files, the whole model section in the fingerprint
-MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
 
 
@@ -166,7 +170,7 @@ class Manifest:
             raise PrefixEdgeError(
                 f"{path}: bundle format version {v!r} is not supported by this prefix-edge "
                 f"(reads version {FORMAT_VERSION}); re-export the bundle")
-        from .manifest_check import check_manifest_dict
+        from .check import check_manifest_dict
 
         check_manifest_dict(d, path)
         m = cls(
@@ -189,23 +193,6 @@ class Manifest:
         for t in self.tasks.values():
             out += [p.file for p in t.prefixes.values()]
         return out
-
-
-def confined(root: Path, rel: str, where: Path | str = "manifest") -> Path:
-    """root/rel, refused unless it is a plain relative path that stays inside root (symlinks
-    resolved)."""
-    p = Path(rel)
-    if not rel or p.is_absolute() or ".." in p.parts or "\\" in rel or rel.startswith("~") \
-            or any(c in rel for c in "\x00:"):
-        raise PrefixEdgeError(f"{where}: path {rel!r} is not a relative path inside the bundle")
-    full = (root / p)
-    try:
-        real, base = full.resolve(), root.resolve()
-    except (OSError, RuntimeError):
-        raise PrefixEdgeError(f"{where}: path {rel!r} cannot be resolved") from None
-    if real != base and base not in real.parents:
-        raise PrefixEdgeError(f"{where}: path {rel!r} leads outside the bundle")
-    return full
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

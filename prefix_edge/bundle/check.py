@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import PrefixEdgeError
+from ..errors import PrefixEdgeError
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 BACKENDS = ("onnx", "gguf")
@@ -56,7 +56,7 @@ def check_manifest_dict(d: dict, path: Path) -> None:
 
 
 def _check(d: dict) -> None:
-    from .tasks import GEN_KEYS, case_collision, check_generation, task_name_problem
+    from ..tasks import GEN_KEYS, case_collision, check_generation, task_name_problem
 
     _fields(d, "manifest", {"model": _dict, "tokenizer": _dict, "backends": _dict, "tasks": _dict,
                             "created_by": _str, "format": _str, "format_version": _int,

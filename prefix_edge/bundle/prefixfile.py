@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import PrefixEdgeError
+from ..errors import PrefixEdgeError
 
 PREFIX_FORMAT_VERSION = "1"
 IDS = "prefix_ids"
@@ -69,6 +69,12 @@ def metadata(path: Path) -> dict[str, str]:
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PrefixEdgeError(f"{path}: cannot read prefix file: {msg}") from None
+
+
+def require(tensors: dict, names: list[str], where: str) -> None:
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise PrefixEdgeError(f"{where}: prefix file lacks tensor {missing[0]!r}")
 
 
 def read_ids(path: Path) -> np.ndarray:

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from ..bundle import sha256_file
+from . import sha256_file
 from ..errors import PrefixEdgeError
 
 
