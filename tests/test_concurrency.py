@@ -28,6 +28,11 @@ BACKENDS = ["onnx", "gguf"]
 TASKS = ["support", "sentiment", "raw"]
 
 
+def _no_eos(rt) -> dict:
+    """Long generations that a test cancels must not end by themselves first."""
+    return {"logit_bias": {int(e): -100.0 for e in rt.eos}}
+
+
 def _backend(name):
     if name == "gguf":
         pytest.importorskip("llama_cpp")
@@ -108,7 +113,7 @@ def test_cancel_mid_prefill_and_mid_decode(bundles, reference, backend):
         list(s)
         assert s.result.stats.finish_reason == "cancelled"
         # mid-decode: cancel after the first chunk, from another thread
-        s = rt.stream("raw", INPUTS[0], max_tokens=400, stop=[], temperature=0.0)
+        s = rt.stream("raw", INPUTS[0], max_tokens=400, stop=[], temperature=0.0, **_no_eos(rt))
         first = next(s)
         assert first
         threading.Thread(target=s.cancel).start()
@@ -124,7 +129,7 @@ def test_cancel_mid_prefill_and_mid_decode(bundles, reference, backend):
 def test_abandoned_stream_frees_its_sequence(bundle_int4, reference):
     reqs = _requests(2)
     with Runtime.open(bundle_int4, backend="onnx", slots=1) as rt:
-        s = rt.stream("raw", INPUTS[0], max_tokens=300)
+        s = rt.stream("raw", INPUTS[0], max_tokens=300, **_no_eos(rt))
         next(s)
         del s  # dropped mid-generation: cancelled, so the only slot is free for the next one
         assert rt.generate(*reqs[1][:2], timeout=60, **reqs[1][2]).tokens == reference["onnx"][1]
@@ -141,7 +146,7 @@ def test_generate_timeout(bundle_int4):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_close_while_streaming_and_after(bundle_int4, backend):
     rt = Runtime.open(bundle_int4, backend=_backend(backend), slots=2)
-    s = rt.stream("raw", INPUTS[0], max_tokens=400)
+    s = rt.stream("raw", INPUTS[0], max_tokens=400, **_no_eos(rt))
     next(s)
     results = []
     t = threading.Thread(target=lambda: results.append("".join(s)))
@@ -159,7 +164,7 @@ def test_full_queue_is_an_error_not_a_hang(bundle_int4):
         streams = []
         with pytest.raises(PrefixEdgeError, match="busy"):
             for _ in range(20):
-                streams.append(rt.stream("raw", INPUTS[0], max_tokens=200))
+                streams.append(rt.stream("raw", INPUTS[0], max_tokens=200, **_no_eos(rt)))
         for s in streams:
             s.cancel()
         for s in streams:
@@ -190,7 +195,7 @@ def test_gguf_prefix_cells_are_shared(bundle_int4):
 
     with Runtime.open(bundle_int4, backend="gguf", slots=4) as rt:
         P = rt.manifest.tasks["support"].prefix_tokens
-        streams = [rt.stream("support", INPUTS[k % 3], max_tokens=300) for k in range(4)]
+        streams = [rt.stream("support", INPUTS[k % 3], max_tokens=300, **_no_eos(rt)) for k in range(4)]
         for s in streams:
             next(s)  # all four are past their prefill
 

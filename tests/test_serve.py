@@ -167,6 +167,7 @@ def test_disconnect_cancels_and_metrics(server):
     with httpx.stream("POST", server + "/v1/chat/completions", timeout=60,
                       headers={"Authorization": f"Bearer {KEY}"},
                       json={"model": "raw", "max_tokens": 400, "stream": True,
+                            "logit_bias": {"2": -100},  # the tiny model's EOS: no early end
                             "messages": [{"role": "user", "content": INPUTS[0]}]}) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content"' in line:
@@ -186,7 +187,8 @@ def test_disconnect_cancels_and_metrics(server):
 def test_overload_is_429_not_a_hang(bundle_int4):
     proc, base = start_server(bundle_int4, "--slots", "1", "--queue", "1", api_key=None)
     try:
-        body = {"model": "raw", "max_tokens": 300, "messages": [{"role": "user", "content": INPUTS[0]}]}
+        body = {"model": "raw", "max_tokens": 300, "logit_bias": {"2": -100},
+                "messages": [{"role": "user", "content": INPUTS[0]}]}
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(lambda _: _post(base, "/v1/chat/completions", body, key=None), range(8)))
         statuses = sorted(r.status_code for r in codes)
