@@ -5,7 +5,6 @@ text tasks of ~1k, ~600 and ~300 tokens, exported once under $PREFIX_EDGE_HOME/b
 """
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path

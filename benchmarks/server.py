@@ -16,6 +16,7 @@ Servers run one at a time, each in its own process, with the same thread count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -74,6 +75,29 @@ def ttft_http(base: str, body: dict) -> tuple[float, int]:
     return ((first or time.perf_counter()) - t0) * 1e3, n
 
 
+@contextlib.contextmanager
+def served(args: list[str], ready_path: str = "/health"):
+    """Start a server process on a free loopback port (`{port}` in args); yield its base URL."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([a.replace("{port}", str(port)) for a in args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    try:
+        wait(base, proc, ready_path)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def ttft_tasks(base: str, make, runs: int) -> dict:
+    """TTFT p50 with every request on one task, and with requests alternating over 3 tasks."""
+    ttft_http(base, make("support", Q[0]))  # warm up
+    one = [ttft_http(base, make("support", Q[i % 4]))[0] for i in range(runs)]
+    alt = [ttft_http(base, make(TASKS[i % 3], Q[i % 4]))[0] for i in range(runs)]
+    return {"one_task_p50_ms": p50(one), "alternating_3_p50_ms": p50(alt)}
+
+
 def messages_for(spec, text: str) -> list[dict]:
     msgs = [{"role": "system", "content": spec.system}] if spec.system else []
     for ex in spec.examples:
@@ -112,19 +136,13 @@ def main() -> None:
             next(s)
             inproc.append((time.perf_counter() - t0) * 1e3)
             list(s)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-m", "prefix_edge", "serve", "--bundle", str(bundle),
-                             "--backend", "gguf", "--threads", str(a.threads), "--port", str(port),
-                             "--slots", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        wait(base, proc)
+    with served([sys.executable, "-m", "prefix_edge", "serve", "--bundle", str(bundle), "--backend",
+                 "gguf", "--threads", str(a.threads), "--port", "{port}", "--slots", "8"]) as base:
         body = lambda t, q, n=8: {"model": t, "max_tokens": n, "messages": [{"role": "user", "content": q}]}  # noqa: E731
         ttft_http(base, body("support", Q[0], 2))
-        served = [ttft_http(base, body("support", Q[i % 4]))[0] for i in range(a.runs)]
-        report["ttft_overhead"] = {"in_process_p50_ms": p50(inproc), "server_p50_ms": p50(served),
-                                   "overhead_p50_ms": round(p50(served) - p50(inproc), 1)}
+        via_server = [ttft_http(base, body("support", Q[i % 4]))[0] for i in range(a.runs)]
+        report["ttft_overhead"] = {"in_process_p50_ms": p50(inproc), "server_p50_ms": p50(via_server),
+                                   "overhead_p50_ms": round(p50(via_server) - p50(inproc), 1)}
         # b. throughput through the server
         thr = {}
         for n in (1, 4, 8):
@@ -138,32 +156,16 @@ def main() -> None:
             thr[n] = round(toks / (time.perf_counter() - t0), 1)
         report["server_tok_s"] = {**thr, "4_vs_1": round(thr[4] / thr[1], 2), "8_vs_1": round(thr[8] / thr[1], 2)}
         # c. prefix-edge TTFT: one task, 3 alternating tasks
-        one_task = [ttft_http(base, body("support", Q[i % 4]))[0] for i in range(a.runs)]
-        alt = [ttft_http(base, body(TASKS[i % 3], Q[i % 4]))[0] for i in range(a.runs)]
-        report["prefix_edge_ttft"] = {"one_task_p50_ms": p50(one_task), "alternating_3_p50_ms": p50(alt)}
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        report["prefix_edge_ttft"] = ttft_tasks(base, body, a.runs)
 
     # c. llama-cpp-python's own server, the prompt sent every time
     gguf = next((bundle / "gguf").glob("*.gguf"))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                             "--n_ctx", "4096", "--n_threads", str(a.threads), "--n_threads_batch",
-                             str(a.threads), "--port", str(port), "--verbose", "false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        wait(base, proc, "/v1/models")
-        mk = lambda t, q: {"model": "x", "max_tokens": 8, "temperature": 0.0,  # noqa: E731
-                           "messages": messages_for(specs[t], q)}
-        ttft_http(base, mk("support", Q[0]))
-        one_task = [ttft_http(base, mk("support", Q[i % 4]))[0] for i in range(a.runs)]
-        alt = [ttft_http(base, mk(TASKS[i % 3], Q[i % 4]))[0] for i in range(a.runs)]
-        report["llama_cpp_server_ttft"] = {"one_task_p50_ms": p50(one_task), "alternating_3_p50_ms": p50(alt)}
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with served([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "4096",
+                 "--n_threads", str(a.threads), "--n_threads_batch", str(a.threads),
+                 "--port", "{port}", "--verbose", "false"], "/v1/models") as base:
+        report["llama_cpp_server_ttft"] = ttft_tasks(
+            base, lambda t, q: {"model": "x", "max_tokens": 8, "temperature": 0.0,
+                                "messages": messages_for(specs[t], q)}, a.runs)
     pe, lc = report["prefix_edge_ttft"], report["llama_cpp_server_ttft"]
     report["ratio_llama_cpp_server_over_prefix_edge"] = {
         "one_task": round(lc["one_task_p50_ms"] / pe["one_task_p50_ms"], 2),

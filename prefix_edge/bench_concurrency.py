@@ -19,10 +19,8 @@ default model with three text tasks of ~1k, ~600 and ~300 tokens and runs this o
 from __future__ import annotations
 
 import ctypes
-import json
 import statistics
 import struct
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,13 +35,6 @@ def run_all(bundle: Path, backends: list[str], threads: int, log=print) -> dict:
         log(f"concurrency: {b} ...")
         report[b] = run(bundle, b, threads)
     return report
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def onnx_kv_bytes(be) -> int:

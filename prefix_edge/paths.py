@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -25,3 +26,25 @@ def default_bundle() -> Path:
 def default_tasks_file() -> Path:
     """The demo tasks for the embedded default model (package data: `prefix_edge/models/`)."""
     return Path(__file__).resolve().parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"
+
+
+def read_cache(name: str) -> dict:
+    """A JSON object cached in $PREFIX_EDGE_HOME; missing or corrupt reads as {} (a cache only
+    ever saves work)."""
+    try:
+        data = json.loads((home() / name).read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(name: str, data: dict) -> None:
+    """Atomically replace a JSON cache in $PREFIX_EDGE_HOME; a read-only home is not an error."""
+    path = home() / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -24,6 +24,7 @@ needs no template engine.
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,7 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     return [_parse_task(path, name, table) for name, table in tables.items()]
 
 
-_NAME_RE = __import__("re").compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest

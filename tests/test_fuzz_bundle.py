@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.bundle import sha256_file

@@ -132,6 +132,18 @@ class Manifest:
         d = json.loads(json.dumps({"task": task, **d}))  # as the manifest file spells it
         return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
+    def prefix_problem(self, task: str, meta: dict[str, str], fingerprint: str) -> str | None:
+        """Why a prefix file with metadata `meta` is not `task`'s for a model of `fingerprint`
+        ("baked for ..."), or None."""
+        got = meta.get("fingerprint", "")
+        if got != fingerprint:
+            return (f"baked for a different model (fingerprint {got[:12] or 'none'} vs this "
+                    f"bundle's {fingerprint[:12]})")
+        if meta.get("task") != task or meta.get("task_digest") != self.task_digest(task):
+            return (f"baked for task {meta.get('task')!r} with other settings than the manifest's "
+                    "(edited manifest, or files swapped)")
+        return None
+
     # -- (de)serialisation ----------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False) + "\n"

@@ -62,13 +62,14 @@ def _check(d: dict) -> None:
                             "created_by": _str, "format": _str, "format_version": _int,
                             "extra": _dict}, optional={"created_by", "extra"})
     m = d["model"]
+    vocab = m["vocab_size"] if isinstance(m, dict) and _int(m.get("vocab_size"), 1) else 1 << 24
     _fields(m, "model", {
         "architecture": _str, "model_type": _str, "n_layers": lambda v: _int(v, 1, 4096),
         "n_heads": lambda v: _int(v, 1, 4096), "n_kv_heads": lambda v: _int(v, 1, 4096),
         "head_dim": lambda v: _int(v, 1, 8192), "hidden_size": lambda v: _int(v, 1, 1 << 20),
         "vocab_size": lambda v: _int(v, 1, 1 << 24), "n_ctx": lambda v: _int(v, 1, 1 << 24),
         "rope": _dict, "source": _str,
-        "eos_token_ids": lambda v: isinstance(v, list) and all(_int(x, 0, m.get("vocab_size", 1 << 24) if _int(m.get("vocab_size")) else 1 << 24) for x in v),
+        "eos_token_ids": lambda v: isinstance(v, list) and all(_int(x, 0, vocab) for x in v),
     })
     _fields(d["tokenizer"], "tokenizer", {"file": _str, "sha256": _hex,
                                           "chat_template_sha256": lambda v: v is None or _hex(v)})
@@ -88,11 +89,12 @@ def _check(d: dict) -> None:
         problem = task_name_problem(name)
         if problem:
             raise _Bad(f"{where}: {problem}")
+        positions = t["prefix_tokens"] if isinstance(t, dict) and _int(t.get("prefix_tokens")) else 0
         _fields(t, where, {
             "kind": lambda v: v in ("text", "peft"), "chat": lambda v: isinstance(v, bool),
             "prefix_tokens": lambda v: _int(v, 0, m["n_ctx"]), "input_before": _str,
             "input_after": _str, "template": lambda v: _str(v) and v.count("{input}") >= 1,
-            "defaults": _dict, "prefixes": _dict, "n_virtual": lambda v: _int(v, 0, t.get("prefix_tokens", 0) if _int(t.get("prefix_tokens")) else 0),
+            "defaults": _dict, "prefixes": _dict, "n_virtual": lambda v: _int(v, 0, positions),
             "adapter": lambda v: v is None or isinstance(v, dict)}, optional={"n_virtual", "adapter"})
         bad = sorted(set(t["defaults"]) - set(GEN_KEYS))
         if bad:

@@ -29,10 +29,6 @@ STATE = "state"
 MAX_BYTES = 16 << 30
 
 
-def kv_name(layer: int, which: str) -> str:
-    return f"past_key_values.{layer}.{which}"
-
-
 def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors."""
     from safetensors import safe_open

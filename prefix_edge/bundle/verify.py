@@ -9,7 +9,6 @@ refused. `verify="full"` always hashes.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from . import sha256_file
 from ..errors import PrefixEdgeError
 
 
+CACHE = "verified.json"
 MAX_ENTRIES = 1024  # the cache keeps the most recently verified files only
 _MEM: dict[str, dict] = {}  # this process's verified files (same entries as the file)
 
@@ -28,9 +28,8 @@ def _stamp(st: os.stat_result) -> list[int]:
 def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]:
     if verify not in ("cached", "full"):
         raise PrefixEdgeError(f"verify must be 'cached' or 'full', not {verify!r}")
-    from ..paths import home
+    from ..paths import read_cache, write_cache
 
-    cache_path = home() / "verified.json"
     out, stats, missing = {}, {}, []
     for rel in rel_paths:
         p = (root / rel).resolve()
@@ -46,7 +45,7 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
             missing.append(rel)
     if not missing:
         return out  # the hot path: no file I/O beyond one stat per file
-    cache = _read(cache_path) if verify == "cached" else {}
+    cache = read_cache(CACHE) if verify == "cached" else {}
     changed = False
     for rel in missing:
         p, st = stats[rel]
@@ -62,21 +61,7 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     if changed and verify == "cached":
         while len(cache) > MAX_ENTRIES:  # oldest first
             cache.pop(next(iter(cache)))
-        try:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_path.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(cache))
-            os.replace(tmp, cache_path)
-        except OSError:
-            pass  # a read-only home only costs the re-hash next time
+        write_cache(CACHE, cache)
     while len(_MEM) > MAX_ENTRIES:
         _MEM.pop(next(iter(_MEM)))
     return out
-
-
-def _read(path: Path) -> dict:
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return cache if isinstance(cache, dict) else {}  # a corrupt cache only costs a re-hash

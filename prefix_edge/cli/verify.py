@@ -57,10 +57,10 @@ def verify_bundle(root: Path) -> list[dict]:
             except Exception as ex:  # PrefixEdgeError: one line
                 row.update(status="FAIL", detail=f"unreadable: {str(ex).splitlines()[0]}")
                 continue
-            if meta.get("fingerprint") != fps.get(backend) or e.fingerprint != fps.get(backend):
-                row.update(status="FAIL", detail="baked for another model (fingerprint)")
-            elif meta.get("task") != task or meta.get("task_digest") != m.task_digest(task):
-                row.update(status="FAIL", detail=f"baked for task {meta.get('task')!r} / other settings")
+            problem = ("the manifest records it for another model" if e.fingerprint != fps[backend]
+                       else m.prefix_problem(task, meta, fps[backend]))
+            if problem:
+                row.update(status="FAIL", detail=problem)
     return rows
 
 

@@ -49,13 +49,6 @@ class Prefix:
         return self.n_virtual + len(self.ids)
 
 
-def read_n_virtual(metadata: dict[str, str], where: str) -> int:
-    """A prefix file's `n_virtual` metadata (the codec, prefixfile.py, owns the format)."""
-    from ..bundle.prefixfile import n_virtual
-
-    return n_virtual(metadata, where)
-
-
 class Backend(Protocol):
     name: str
     device: str

@@ -8,10 +8,11 @@ bad request fails at the call); sampling, stop strings and streaming run in the 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -72,10 +73,6 @@ class Runtime:
         self.eos = set(manifest.model.eos_token_ids)
         self.last_result: Result | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-        from tokenizers import Tokenizer
-
-        self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._text_tokenizer.encode_special_tokens = True  # user text: special tokens as text
         if backend.name == "gguf":  # seq 0: the one-sequence API; then requests; then residents
             req = tuple(range(1, slots + 1))
             resident = tuple(range(slots + 1, backend.n_seq_max))
@@ -108,12 +105,13 @@ class Runtime:
             raise PrefixEdgeError(
                 f"no default bundle at {root}; create it with: prefix-edge export")
         manifest = Manifest.read(root)
+        probed = False  # llama.cpp's verdict is looked up once per open
         if backend == "auto":
             backend = next((b for b in AUTO_ORDER if b in manifest.backends and _importable(b)),
                            next(iter(manifest.backends), "onnx"))
             if backend == "gguf" and "onnx" in manifest.backends and _importable("onnx"):
-                backend = _llama_or_onnx(root, manifest)
-        if backend == "gguf" and "gguf" in manifest.backends:
+                backend, probed = _llama_or_onnx(root, manifest), True
+        if backend == "gguf" and "gguf" in manifest.backends and not probed:
             from .probe import require_llama
 
             require_llama(_gguf_file(root, manifest))  # a crashing build is an error, not a crash
@@ -238,9 +236,17 @@ class Runtime:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items()
                 if v is not None and k not in ("use_prefix_cache", "raw_special_tokens")}
-        over = check_generation(over)
-        opts = {**DEFAULTS, **self.manifest.tasks[task].defaults, **over}
-        return check_generation(opts)
+        return check_generation({**DEFAULTS, **self.manifest.tasks[task].defaults, **over})
+
+    @functools.cached_property
+    def _text_tokenizer(self):
+        """A copy of the tokenizer that encodes special tokens as text (for user text that spells
+        one; built on first need: serialising the tokenizer costs tens of ms at open)."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self.tokenizer.to_str())
+        tok.encode_special_tokens = True
+        return tok
 
     def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
         """The task's input wrapping around the user's text, tokenized. The user's text never

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
 from .backend import Prefix
-from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
+from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, all_finite, check_seq_state, parse_seq_state
 
 STATE_FORMAT = "llama.cpp-seq-state"
 _LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.cpp may call it
@@ -218,6 +218,8 @@ class LlamaBackend:
             check_seq_state(info, self.expected_state(prefix.n_tokens))
         except PrefixEdgeError as e:
             raise PrefixEdgeError(f"{where}: {e}") from None
+        if not all_finite(prefix.kv, info):  # restored, NaN/inf would poison the shared cache
+            raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
         if np.any(prefix.ids < 0) or np.any(prefix.ids >= self.n_vocab):
             raise PrefixEdgeError(f"{where}: prefix ids outside this model's vocabulary "
                                   f"(0..{self.n_vocab - 1})")

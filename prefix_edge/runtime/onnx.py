@@ -91,6 +91,8 @@ class OnnxBackend:
                 raise PrefixEdgeError(
                     f"{where}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
                     f"{np.dtype(self.kv_dtype)}{list(want)}")
+            if not np.isfinite(t).all():
+                raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
         return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
@@ -115,8 +117,6 @@ class OnnxBackend:
     # returns new present tensors (the graph concatenates past + new), so from then on a
     # sequence holds its own copy. Sequences run one after another: one row per run keeps every
     # request bit-identical to running alone (see runtime/scheduler.py).
-    max_seqs = 1 << 30
-
     def _empty(self) -> list:
         empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
         return [empty] * len(self.past_names)

@@ -51,19 +51,9 @@ class PrefixCache:
         path, n = self._file(task)
         tensors, meta = prefixfile.read(path)  # the codec reads; the backend checks the arrays
         prefix = self.backend.prefix_from(tensors, meta, str(path))
-        got = prefix.metadata.get("fingerprint", "")
-        if got != self.fingerprint:
-            raise PrefixEdgeError(
-                f"task '{task}': prefix {path.name} was baked for a different model "
-                f"(fingerprint {got[:12] or 'none'} vs this bundle's {self.fingerprint[:12]}); "
-                "re-export the bundle")
-        if prefix.metadata.get("task") != task or \
-                prefix.metadata.get("task_digest") != self.manifest.task_digest(task):
-            raise PrefixEdgeError(
-                f"task '{task}': prefix {path.name} was baked for task "
-                f"{prefix.metadata.get('task')!r} with other settings than the manifest's "
-                "(edited manifest, or files swapped); re-export the bundle")
-        check_finite(prefix, f"task '{task}'")
+        problem = self.manifest.prefix_problem(task, prefix.metadata, self.fingerprint)
+        if problem:
+            raise PrefixEdgeError(f"task '{task}': prefix {path.name} was {problem}; re-export the bundle")
         nv = self.manifest.tasks[task].n_virtual
         if prefix.n_tokens != n or prefix.n_virtual != nv:
             raise PrefixEdgeError(
@@ -95,31 +85,3 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._lru.clear()
-
-
-def check_finite(prefix: Prefix, where: str) -> None:
-    """Refuse a prefix whose KV holds NaN or infinite values: restored, they would poison the
-    answer (and, in llama.cpp's shared cache, other requests)."""
-    import numpy as np
-
-    kv = prefix.kv
-    if isinstance(kv, np.ndarray) and kv.dtype == np.uint8:  # a llama.cpp seq-state blob
-        from .seqstate import parse_seq_state
-
-        info = parse_seq_state(kv)
-        buf = kv.data
-        n = info.cell_count
-        for lay in info.layers:
-            parts = [(lay.k_offset, n * lay.k_row_bytes // 2)]
-            if info.v_trans:
-                parts.append((lay.v_offset, n * lay.n_embd_v_gqa))
-            else:
-                parts.append((lay.v_offset, n * lay.v_row_bytes // 2))
-            for off, count in parts:  # f16 NaN/inf: all exponent bits set (integer test: fast)
-                bits = np.frombuffer(buf, "<u2", count, off)
-                if count and np.any((bits & 0x7C00) == 0x7C00):
-                    raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
-        return
-    for t in kv:
-        if not np.isfinite(t).all():
-            raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -25,10 +24,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..paths import read_cache, write_cache
+
 FIX = ("rebuild llama-cpp-python portable: bash scripts/llama-wheel.sh (or pip install "
        "--force-reinstall --no-cache-dir --no-binary llama-cpp-python llama-cpp-python with "
        "CMAKE_ARGS=-DGGML_NATIVE=OFF)")
 TIMEOUT_S = 120
+CACHE = "llama-probe.json"
 
 _CHILD = r"""
 import ctypes, os, signal, sys
@@ -97,38 +99,16 @@ def library_files() -> list[Path]:
 
 
 def library_key(files: list[Path]) -> str:
+    """One sha256 over the native libraries' hashes, each remembered by stat identity
+    (bundle/verify.py), so a runtime start does not re-read ~18 MB of libraries."""
+    from ..bundle.verify import file_hashes
+
+    hashes = file_hashes(Path(files[0].anchor), [str(p) for p in files])  # absolute paths
     h = hashlib.sha256()
     for p in files:
         h.update(p.name.encode())
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        h.update(hashes[str(p)].encode())
     return h.hexdigest()
-
-
-def _cache_path() -> Path:
-    from ..paths import home
-
-    return home() / "llama-probe.json"
-
-
-def _read_cache() -> dict:
-    try:
-        data = json.loads(_cache_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # missing or corrupt: probe again
-
-
-def _write_cache(data: dict) -> None:
-    path = _cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs a probe next time
 
 
 def _signal_name(rc: int) -> str:
@@ -174,7 +154,7 @@ def llama_verdict(model_path: Path | None = None, refresh: bool = False) -> Verd
         return None
     key = library_key(files)
     fault = os.environ.get("PREFIX_EDGE_PROBE_FAULT")
-    cache = _read_cache()
+    cache = read_cache(CACHE)
     hit = cache.get(key)
     if hit and not refresh and not fault:
         try:
@@ -186,7 +166,7 @@ def llama_verdict(model_path: Path | None = None, refresh: bool = False) -> Verd
     v = run_probe(model_path, key)
     if not fault:  # an injected fault says nothing about this build
         cache[key] = asdict(v)
-        _write_cache(cache)
+        write_cache(CACHE, cache)
     return v
 
 

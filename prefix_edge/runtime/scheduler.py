@@ -28,7 +28,6 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -79,8 +78,7 @@ class _Resident:
 class Scheduler:
     def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = 128,
                  resident_bytes: int = 0, resident_seqs: tuple[int, ...] = (),
-                 request_seqs: tuple[int, ...] = (), kv_cells: int | None = None,
-                 on_finish=None):
+                 request_seqs: tuple[int, ...] = (), kv_cells: int | None = None):
         self.backend = backend
         self.slots = slots
         self.queue_size = queue_size
@@ -90,7 +88,6 @@ class Scheduler:
         self.free_resident = list(resident_seqs)
         self.free_seqs = list(request_seqs)
         self.kv_cells = kv_cells  # None: no cell accounting (ONNX)
-        self.on_finish = on_finish
         self.residents: OrderedDict[str, _Resident] = OrderedDict()
         self.active: list[Request] = []
         self.waiting: list[Request] = []
@@ -170,12 +167,9 @@ class Scheduler:
                     for r in list(self.active):
                         self._finish(r, "error", err)
         finally:
+            self._drain()
             for r in self.active + self.waiting:
                 self._finish(r, "cancelled")
-            self._drain()
-            for r in self.waiting:
-                self._finish(r, "cancelled")
-            self.active, self.waiting = [], []
             while True:
                 try:
                     _fn, fut = self._calls.get_nowait()
@@ -206,10 +200,13 @@ class Scheduler:
                 return
 
     def _reap(self) -> None:
-        for r in [r for r in self.active if r.cancel_reason]:
+        for r in [r for r in self.active + self.waiting if r.cancel_reason]:
             self._finish(r, r.cancel_reason)
-        for r in [r for r in self.waiting if r.cancel_reason]:
-            self._finish(r, r.cancel_reason)
+
+    def _unqueue(self, r: Request) -> None:
+        self.waiting.remove(r)
+        with self._lock:
+            self._n_waiting -= 1
 
     def _finish(self, r: Request, reason: str, error: Exception | None = None) -> None:
         if r.done:
@@ -218,9 +215,7 @@ class Scheduler:
         if r in self.active:
             self.active.remove(r)
         elif r in self.waiting:
-            self.waiting.remove(r)
-            with self._lock:
-                self._n_waiting -= 1
+            self._unqueue(r)
         if r.seq >= 0:
             self.backend.seq_free(r.seq)
             self.free_seqs.append(r.seq)
@@ -237,24 +232,25 @@ class Scheduler:
                 r.chunks.append(tail)
                 r.events.put(("text", tail))
             r.events.put(("done", reason))
-        if self.on_finish is not None:
-            self.on_finish(r, reason)
 
     # cells ------------------------------------------------------------------------------
     def _cells_used(self) -> int:
         return sum(x.cells for x in self.residents.values()) + sum(r.reserved for r in self.active)
 
-    def _free_cells_for(self, need: int, keep: str | None) -> bool:
-        """Evict unused resident prefixes (LRU first, never `keep`) until `need` cells are free."""
-        if self.kv_cells is None:
-            return True
+    def _evict_until(self, enough, keep: str | None = None) -> bool:
+        """Evict unused resident prefixes, least recently used first and never `keep`, until
+        enough() holds; return whether it does."""
         for key in list(self.residents):
-            if self.kv_cells - self._cells_used() >= need:
+            if enough():
                 break
-            res = self.residents[key]
-            if key != keep and res.users == 0:
+            if key != keep and self.residents[key].users == 0:
                 self._evict(key)
-        return self.kv_cells - self._cells_used() >= need
+        return bool(enough())
+
+    def _free_cells_for(self, need: int, keep: str | None) -> bool:
+        """Make `need` KV cells free (evicting unused resident prefixes if needed)."""
+        return self.kv_cells is None or self._evict_until(
+            lambda: self.kv_cells - self._cells_used() >= need, keep)
 
     def _evict(self, key: str) -> None:
         res = self.residents.pop(key)
@@ -273,9 +269,7 @@ class Scheduler:
             except Exception as e:  # never let the engine thread die
                 self._finish(r, "error", PrefixEdgeError(f"internal error: {type(e).__name__}: {e}"))
                 continue
-            self.waiting.remove(r)
-            with self._lock:
-                self._n_waiting -= 1
+            self._unqueue(r)
             self.active.append(r)
 
     def _start(self, r: Request) -> bool:
@@ -285,9 +279,8 @@ class Scheduler:
         own = len(r.ids) + r.max_tokens
         shared = (r.prefix is not None and r.prefix_key is not None
                   and (r.prefix_key in self.residents or self._can_reside(r.prefix)))
-        need = own + (0 if shared else n_prefix)
-        if shared and r.prefix_key not in self.residents:
-            need += n_prefix
+        # a prefix already resident costs no new cells; any other is restored once
+        need = own + (0 if shared and r.prefix_key in self.residents else n_prefix)
         if self.kv_cells is not None and need > self.kv_cells:
             raise PrefixEdgeError(f"the request needs {need} KV cells (prefix {n_prefix} + input "
                                   f"{len(r.ids)} + max_tokens {r.max_tokens}), the cache has "
@@ -328,14 +321,11 @@ class Scheduler:
         return True
 
     def _make_resident(self, key: str, prefix: Prefix) -> _Resident:
-        held = sum(x.nbytes for x in self.residents.values())
-        for k in list(self.residents):  # the byte budget, LRU first
-            if held + prefix.nbytes <= self.resident_bytes and self.free_resident:
-                break
-            if self.residents[k].users == 0:
-                held -= self.residents[k].nbytes
-                self._evict(k)
-        if not self.free_resident or held + prefix.nbytes > self.resident_bytes:
+        def fits() -> bool:  # a free resident sequence, and the byte budget
+            held = sum(x.nbytes for x in self.residents.values())
+            return bool(self.free_resident) and held + prefix.nbytes <= self.resident_bytes
+
+        if not self._evict_until(fits):
             raise PrefixEdgeError("internal error: no resident slot")  # _can_reside said yes
         seq = self.free_resident.pop()
         try:

@@ -285,3 +285,16 @@ def extract_kv(blob, info: SeqStateInfo | None = None) -> tuple[list[np.ndarray]
         else:
             vs.append(np.frombuffer(buf, "<f2", n * lay.v_row_bytes // 2, lay.v_offset).reshape(n, -1))
     return ks, vs
+
+
+def all_finite(blob, info: SeqStateInfo) -> bool:
+    """No NaN or infinity in the blob's K and V data (F16: all exponent bits set; tested on the
+    integer view, which is much faster than a float16 isfinite)."""
+    buf = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else blob.data
+    n = info.cell_count
+    for lay in info.layers:
+        v_count = n * lay.n_embd_v_gqa if info.v_trans else n * lay.v_row_bytes // 2
+        for off, count in ((lay.k_offset, n * lay.k_row_bytes // 2), (lay.v_offset, v_count)):
+            if count and np.any((np.frombuffer(buf, "<u2", count, off) & 0x7C00) == 0x7C00):
+                return False
+    return True
