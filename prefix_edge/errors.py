@@ -6,3 +6,11 @@ class PrefixEdgeError(Exception):
     """A user-facing error with a message that says what is wrong and what to do."""
 
     exit_code = 1
+
+
+class RuntimeBusy(PrefixEdgeError):
+    """The runtime's request queue is full: retry later (a server answers 429)."""
+
+
+class RuntimeClosed(PrefixEdgeError):
+    """The runtime was closed (a server answers 503)."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Manifest
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, RuntimeClosed
 from ..tasks import check_generation, fill_template
 from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
@@ -271,7 +271,7 @@ class Runtime:
     def _request(self, task: str, text: str, overrides: dict[str, Any]) -> Request:
         t0 = time.perf_counter()
         if self.closed:
-            raise PrefixEdgeError("the runtime is closed")
+            raise RuntimeClosed("the runtime is closed")
         if not isinstance(task, str) or task not in self.manifest.tasks:
             raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
                                   f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
@@ -294,6 +294,7 @@ class Runtime:
                 f"input is {len(ids)} tokens; with task '{task}''s prefix of {P} tokens that exceeds "
                 f"the model's context of {self.n_ctx} tokens")
         max_tokens = min(opts["max_tokens"], room)
+        t_load = time.perf_counter()
         with self._prefix_lock:
             if use_cache:
                 prefix, _ = self.prefixes.get(task)
@@ -301,12 +302,13 @@ class Runtime:
             else:
                 prefix, key = None, None
                 ids = np.concatenate([self.prefixes.ids(task), ids])
+        load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
         sampler = Sampler(opts["temperature"], opts["top_k"], opts["top_p"], opts["seed"],
                           opts["min_p"], opts["repetition_penalty"], opts["presence_penalty"],
                           opts["frequency_penalty"], opts["logit_bias"])
         return Request(task, key, prefix, ids, max_tokens, sampler,
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
-                       load_ms=(time.perf_counter() - t0) * 1e3 if use_cache else 0.0,
+                       load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0)
 
     def _result(self, r: Request, finish: str) -> Result:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .backend import Prefix
 from .sampling import Sampler
 from .text import TextStream
@@ -106,9 +106,9 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         with self._lock:
             if self._closing:
-                raise PrefixEdgeError("the runtime is closed")
+                raise RuntimeClosed("the runtime is closed")
             if self._n_waiting >= self.queue_size:
-                raise PrefixEdgeError(f"the runtime is busy: {self._n_waiting} requests are "
+                raise RuntimeBusy(f"the runtime is busy: {self._n_waiting} requests are "
                                       "already waiting (queue_size); retry later")
             self._n_waiting += 1
             self._inbox.put(req)
@@ -133,7 +133,7 @@ class Scheduler:
 
         fut: Future = Future()
         if self._closing:
-            raise PrefixEdgeError("the runtime is closed")
+            raise RuntimeClosed("the runtime is closed")
         self._calls.put((fn, fut))
         self._wake.set()
         return fut.result(timeout)
@@ -175,7 +175,7 @@ class Scheduler:
                     _fn, fut = self._calls.get_nowait()
                 except queue.Empty:
                     break
-                fut.set_exception(PrefixEdgeError("the runtime is closed"))
+                fut.set_exception(RuntimeClosed("the runtime is closed"))
             for res in self.residents.values():
                 self.backend.seq_free(res.seq)
             self.residents.clear()

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .metrics import Metrics
 from .schema import ApiError, completion_params, chat_input
 
@@ -36,6 +36,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     created = int(time.time())
+    tasks = rt.tasks  # fixed for the runtime's life
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -49,7 +50,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     async def health():
         info = rt.engine_info()
         return {"status": "ok" if not rt.closed else "closed", "backend": info["backend"],
-                "tasks": len(rt.tasks), "active": info["active"], "waiting": info["waiting"]}
+                "tasks": len(tasks), "active": info["active"], "waiting": info["waiting"]}
 
     @app.get("/metrics")
     async def prom():
@@ -62,7 +63,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
             {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
              "kind": t.kind, "prefix_tokens": t.prefix_tokens,
              "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
-            for name, t in sorted(rt.tasks.items())]}
+            for name, t in sorted(tasks.items())]}
 
     async def body_of(request: Request) -> dict:
         raw = await request.body()
@@ -81,27 +82,26 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
             model = body.get("model")
             if not isinstance(model, str):
                 raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
-            if model not in rt.tasks:
+            if model not in tasks:
                 raise ApiError(404, f"the model `{model}` does not exist; this server's models "
-                               f"(tasks) are: {', '.join(sorted(rt.tasks))}", "model",
+                               f"(tasks) are: {', '.join(sorted(tasks))}", "model",
                                "model_not_found")
             text = chat_input(body) if chat else _prompt(body)
             opts, stream, include_usage = completion_params(body)
         except ApiError as e:
-            metrics.count(model if isinstance(model, str) and model in rt.tasks else "", e.status)
+            metrics.count(model if isinstance(model, str) and model in tasks else "", e.status)
             return error(e.status, e.message, param=e.param, code=e.code)
         try:
             handle = rt.astream(model, text, **opts)
+        except RuntimeBusy as e:
+            metrics.count(model, 429)
+            return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
+        except RuntimeClosed as e:
+            metrics.count(model, 503)
+            return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
         except PrefixEdgeError as e:
-            msg = str(e)
-            if "busy" in msg:
-                metrics.count(model, 429)
-                return error(429, msg, "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
-            if "closed" in msg:
-                metrics.count(model, 503)
-                return error(503, msg, "server_error", None, "unavailable", {"Retry-After": "5"})
             metrics.count(model, 400)
-            return error(400, msg, param=_param_of(msg))
+            return error(400, str(e), param=_param_of(str(e)))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if stream:
             return StreamingResponse(_sse(handle, rid, model, chat, include_usage, request, metrics),
