@@ -13,7 +13,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _register() -> None:
-    from . import bench, doctor, export, inspect, run, serve, train, verify  # noqa: F401  (each module adds its commands to `app`)
+    from . import bench, distill, doctor, eval, export, inspect, run, serve, train, verify  # noqa: F401  (each module adds its commands to `app`)
 
 
 def main(argv: list[str] | None = None) -> None:

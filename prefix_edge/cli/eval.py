@@ -1,0 +1,110 @@
+"""`prefix-edge eval --task NAME [--data FILE]`: score a task through the bundle on each backend."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import PrefixEdgeError
+from . import app
+
+DEMO_SUFFIXES = ("_tuned", "_distilled", "_prompt")
+
+
+def demo_data(task: str) -> Path | None:
+    """The embedded held-out set of a demo task (`models/<default>/data/<task>.heldout.jsonl`);
+    a trained or distilled twin (`sentiment_tuned`) shares its prompt task's set."""
+    from ..paths import default_tasks_file
+
+    data = default_tasks_file().parent / "data"
+    names = [task] + [task[: -len(s)] for s in DEMO_SUFFIXES if task.endswith(s)]
+    return next((data / f"{n}.heldout.jsonl" for n in names if (data / f"{n}.heldout.jsonl").is_file()), None)
+
+
+@app.command("eval")
+def eval_(
+    task: str = typer.Option(..., "--task", "-t", help="Task name (see `prefix-edge tasks`)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="JSONL lines {\"input\", \"output\"} (default: a demo task's held-out set)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Comma-separated backends (default: every one the bundle has)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="exact | label | json-fields | chrf (default: guessed from the outputs)."),
+    reference: bool = typer.Option(False, "--reference", help="Also score fp32 transformers (+ PEFT) on the same lines (export extra)."),
+    tasks_file: Optional[Path] = typer.Option(None, "--tasks", help="--reference: the task file the bundle was exported from."),
+    base: Optional[Path] = typer.Option(None, "--base", help="--reference: the model the bundle was exported from."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Score only the first N lines."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the engine's choice)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (with every answer) instead of a table."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every answer that is not exact on stderr."),
+) -> None:
+    """Score a task on example lines: score, valid-answer rate, mean TTFT and decode tok/s per backend."""
+    from ..bundle import Manifest
+    from ..datafile import read_jsonl
+    from ..evaluation.metrics import METRICS, guess_metric
+    from ..evaluation.run import eval_bundle, progress
+    from ..paths import default_bundle
+
+    root = bundle or default_bundle()
+    if not (root / "manifest.json").is_file():
+        hint = "; create it with: prefix-edge export" if bundle is None else ""
+        raise PrefixEdgeError(f"no bundle at {root}{hint}")
+    manifest = Manifest.read(root)
+    if task not in manifest.tasks:
+        raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: {', '.join(sorted(manifest.tasks))}")
+    if data is None:
+        data = demo_data(task)
+        if data is None:
+            raise PrefixEdgeError(f"task {task!r} has no embedded held-out set; give --data FILE.jsonl")
+    rows = read_jsonl(data)
+    if limit is not None:
+        if limit < 1:
+            raise PrefixEdgeError(f"--limit must be at least 1, not {limit}")
+        rows = rows[:limit]
+    if metric is None:
+        metric = guess_metric([r.output for r in rows])
+    elif metric not in METRICS:
+        raise PrefixEdgeError(f"--metric must be one of {', '.join(METRICS)}, not {metric!r}")
+    if metric == "json-fields":
+        from ..evaluation.metrics import _json_object
+
+        bad = next((i for i, r in enumerate(rows) if _json_object(r.output) is None), None)
+        if bad is not None:
+            raise PrefixEdgeError(f"{data}: line {bad + 1}'s output is not a JSON object (needed by --metric json-fields)")
+    backends = [b.strip() for b in backend.split(",") if b.strip()] if backend else list(manifest.backends)
+    for b in backends:
+        if b not in manifest.backends:
+            raise PrefixEdgeError(f"bundle {root} has no {b} model (it has: {', '.join(manifest.backends)})")
+
+    results = []
+    with progress(not as_json and sys.stderr.isatty()) as bar:
+        for b in backends:
+            results.append(eval_bundle(root, task, b, rows, metric, threads, bar))
+        if reference:
+            from ..evaluation.reference import open_reference
+            from ..evaluation.run import evaluate
+
+            hf, generate = open_reference(root, manifest, task, tasks_file, base)
+            try:
+                results.append(evaluate("reference", generate, rows, metric, bar))
+            finally:
+                hf.close()
+    if verbose:
+        for s in results:
+            for r in s.rows:
+                if not r["exact"]:
+                    print(f"[{s.label}] {r['input']!r} -> {r['answer']!r} (want {r['reference']!r})", file=sys.stderr)
+    if as_json:
+        typer.echo(json.dumps({"task": task, "data": str(data), "metric": metric, "n": len(rows),
+                               "prefix_tokens": manifest.tasks[task].prefix_tokens,
+                               "results": [s.as_dict(rows=True) for s in results]}, indent=2, ensure_ascii=False))
+        return
+    typer.echo(f"task {task} ({manifest.tasks[task].prefix_tokens} prefix positions) · {len(rows)} lines of "
+               f"{data.name} · metric {metric}")
+    typer.echo(f"{'':10} {'score':>6} {'exact':>6} {'valid':>6} {'TTFT ms':>8} {'tok/s':>7}")
+    for s in results:
+        ttft = f"{s.ttft_ms:8.1f}" if s.ttft_ms is not None else f"{'-':>8}"
+        tps = f"{s.tok_s:7.1f}" if s.tok_s is not None else f"{'-':>7}"
+        typer.echo(f"{s.label:10} {s.score:6.3f} {s.exact:6.3f} {s.valid:6.3f} {ttft} {tps}")

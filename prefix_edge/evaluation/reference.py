@@ -1,0 +1,65 @@
+"""The fp32 reference for `prefix-edge eval --reference`: the task rebuilt from its source (task
+file + base model, + PEFT adapter) in transformers (export/hf_task.py).
+
+The source must be the one the bundle was exported from: the task's rendering (chat, wrapping,
+template), its prefix token ids and its adapter's sha256 are compared with the bundle, and any
+difference is an error (a reference of another task would be a wrong number, not a slow one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..bundle import Manifest, layout, prefixfile
+from ..errors import PrefixEdgeError
+from ..tasks import load_tasks
+from .run import Answer
+
+
+def task_options(manifest: Manifest, task: str) -> dict:
+    """The task's decoding options as the runtime resolves them (its defaults over the runtime's)."""
+    from ..runtime.generate import DEFAULTS
+    from ..tasks import check_generation
+
+    return check_generation({**DEFAULTS, **manifest.tasks[task].defaults})
+
+
+def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path | None, base: Path | None):
+    """(HFTask, generate function for `evaluate`) for the bundle's `task`."""
+    try:
+        from ..export.hf_task import HFTask
+        from ..export.source import DEFAULT_GGUF, default_model_path
+    except ImportError:
+        raise PrefixEdgeError("--reference needs the export extra: pip install 'prefix-edge[export]'") from None
+    from ..paths import default_tasks_file
+
+    info = manifest.tasks[task]
+    if manifest.model.source == DEFAULT_GGUF:  # the embedded default model and its demo tasks
+        base = base or default_model_path()
+        tasks_file = tasks_file or default_tasks_file()
+    if base is None or tasks_file is None:
+        raise PrefixEdgeError(f"--reference: the bundle was exported from {manifest.model.source}; "
+                              "give --base (that model) and --tasks (the task file)")
+    spec = next((s for s in load_tasks(tasks_file) if s.name == task), None)
+    if spec is None:
+        raise PrefixEdgeError(f"--reference: {tasks_file} has no task {task!r}")
+    hf = HFTask(spec, Path(base), manifest.model.n_ctx)
+    r = hf.rendered
+    baked = prefixfile.read_ids(layout.confined(root, next(iter(info.prefixes.values())).file)).tolist()
+    mismatch = [what for what, ok in (
+        ("kind", spec.kind == info.kind), ("chat", r.chat == info.chat),
+        ("input wrapping", (r.input_before, r.input_after, r.template) ==
+         (info.input_before, info.input_after, info.template)),
+        ("prefix tokens", hf.prefix == baked),
+        ("adapter", hf.adapter is None or (info.adapter or {}).get("sha256") == hf.adapter.sha256)) if not ok]
+    if mismatch:
+        hf.close()
+        raise PrefixEdgeError(f"--reference: task {task!r} in {tasks_file} is not the bundle's "
+                              f"(differs in: {', '.join(mismatch)}); give the task file it was exported from")
+    opts = task_options(manifest, task)
+
+    def generate(text: str) -> Answer:
+        g = hf.generate(text, opts)
+        return Answer(g.text, g.ttft_ms, len(g.tokens), g.decode_s)
+
+    return hf, generate
