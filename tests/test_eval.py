@@ -122,8 +122,9 @@ def test_eval_errors_are_one_line(bundle_fp32, tmp_path, args, msg):
     p = cli("eval", *base, *args)
     err = p.stderr.decode().strip()
     assert p.returncode != 0 and msg in err and "Traceback" not in err and "\n" not in err, err
-    p = cli("eval", "--bundle", bundle_fp32, "--task", "support")
-    assert p.returncode == 1 and "no embedded held-out set" in p.stderr.decode()
+    if args[0] == "--metric" and args[1] == "bleu":
+        p = cli("eval", "--bundle", bundle_fp32, "--task", "raw")
+        assert p.returncode == 1 and "no embedded held-out set" in p.stderr.decode()
 
 
 def test_distill_teacher_is_the_task_and_student_bakes_exactly(bundle_fp32, tiny_model, tasks_file, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
