@@ -118,7 +118,8 @@ def test_wheel_carries_demo_tasks_and_adapter(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     base = "prefix_edge/models/smollm2-135m/"
     for f in ("tasks.toml", "adapters/order_json/adapter_config.json",
-              "adapters/order_json/adapter_model.safetensors", "train.jsonl", "heldout.jsonl"):
+              "adapters/order_json/adapter_model.safetensors", "data/order_json.train.jsonl",
+              "data/order_json.heldout.jsonl", "data/extract.heldout.jsonl", "data/support.heldout.jsonl"):
         assert base + f in names, f
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 

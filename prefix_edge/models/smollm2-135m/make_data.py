@@ -1,7 +1,7 @@
 """Write the demo dataset for the trained `order_json` task: short customer order messages
 turned into one line of JSON with exactly the keys name, product, quantity, city.
 
-    python prefix_edge/models/smollm2-135m/make_data.py      # rewrites train.jsonl and heldout.jsonl here
+    python prefix_edge/models/smollm2-135m/make_data.py      # rewrites data/order_json.train.jsonl and data/order_json.heldout.jsonl
 
 Rules the model has to learn (the answer is always this shape, keys in this order):
   name      the customer's name as written ("Maria Lopez", "Tom"), or null
@@ -164,7 +164,7 @@ def main() -> None:
         if ex["input"] not in seen:
             seen.add(ex["input"])
             heldout.append(ex)
-    for name, rows in (("train.jsonl", train), ("heldout.jsonl", heldout)):
+    for name, rows in (("data/order_json.train.jsonl", train), ("data/order_json.heldout.jsonl", heldout)):
         with open(HERE / name, "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
