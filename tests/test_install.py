@@ -185,3 +185,15 @@ def test_runtime_only_install_runs_bundles_like_the_full_install(wheel, bundle_i
     for backend in backends:
         ref = run_json("--bundle", bundle_int4, "--backend", backend, "--task", "extract", INPUTS[0])
         assert out[backend] == ref["tokens"], backend
+    # `eval` runs without the export stack too (its --reference is the part that needs it)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input": x, "output": "x"}) + "\n" for x in INPUTS), encoding="utf-8")
+    q = subprocess.run([str(venv / "bin" / "prefix-edge"), "eval", "--json", "--bundle", str(bundle_int4),
+                        "--task", "support", "--data", str(data), "--metric", "chrf"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert q.returncode == 0, q.stderr
+    assert {r["label"] for r in json.loads(q.stdout)["results"]} == set(backends)
+    q = subprocess.run([str(venv / "bin" / "prefix-edge"), "eval", "--bundle", str(bundle_int4), "--task", "support",
+                        "--data", str(data), "--backend", "onnx", "--reference", "--base", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert q.returncode == 1 and "needs the export extra" in q.stderr and "Traceback" not in q.stderr, q.stderr

@@ -55,9 +55,12 @@ def eval_(
     if task not in manifest.tasks:
         raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: {', '.join(sorted(manifest.tasks))}")
     if data is None:
-        data = demo_data(task)
+        from ..export.source import DEFAULT_GGUF  # (a constant: no export dependency is imported)
+
+        data = demo_data(task) if manifest.model.source == DEFAULT_GGUF else None
         if data is None:
-            raise PrefixEdgeError(f"task {task!r} has no embedded held-out set; give --data FILE.jsonl")
+            raise PrefixEdgeError(f"task {task!r} has no embedded held-out set (only the default model's demo "
+                                  "tasks have one); give --data FILE.jsonl")
     rows = read_jsonl(data)
     if limit is not None:
         if limit < 1:

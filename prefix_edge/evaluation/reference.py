@@ -26,11 +26,12 @@ def task_options(manifest: Manifest, task: str) -> dict:
 
 def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path | None, base: Path | None):
     """(HFTask, generate function for `evaluate`) for the bundle's `task`."""
-    try:
-        from ..export.hf_task import HFTask
-        from ..export.source import DEFAULT_GGUF, default_model_path
-    except ImportError:
-        raise PrefixEdgeError("--reference needs the export extra: pip install 'prefix-edge[export]'") from None
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")):
+        raise PrefixEdgeError("--reference needs the export extra: pip install 'prefix-edge[export]'")
+    from ..export.hf_task import HFTask
+    from ..export.source import DEFAULT_GGUF, default_model_path
     from ..paths import default_tasks_file
 
     info = manifest.tasks[task]
