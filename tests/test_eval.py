@@ -162,3 +162,24 @@ def test_distill_teacher_is_the_task_and_student_bakes_exactly(bundle_fp32, tiny
     onnx, ref = res["results"]
     assert [r["answer"] for r in onnx["rows"]] == [r["answer"] for r in ref["rows"]]
     assert student is not None
+
+
+def test_distill_from_a_bundle_teacher(bundle_fp32, tiny_model, tasks_file, tmp_path):
+    """--teacher onnx: the answers come from the bundle's copy of the task (checked to be the task
+    file's), and a bundle whose task differs is refused before anything is trained."""
+    inputs = INPUTS + ["sync plan price", "resume metered connection"]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"input": x}) + "\n" for x in inputs), encoding="utf-8")
+    out = tmp_path / "student"
+    args = ["distill", "--task", "support", "--base", tiny_model, "--inputs", tmp_path / "in.jsonl",
+            "--virtual-tokens", 4, "--steps", 2, "--teacher", "onnx", "--bundle", bundle_fp32]
+    p = cli(*args, "--tasks", tasks_file, "--out", out)
+    assert p.returncode == 0, p.stderr.decode()
+    teacher = [json.loads(line)["output"] for line in (out / "teacher.jsonl").read_text().splitlines()]
+    assert teacher == [a.strip() for a in _answers(bundle_fp32, "onnx", "support", inputs)]
+    assert json.loads((out / "prefix_edge_distill.json").read_text())["teacher"]["model"] == "onnx"
+    other = tmp_path / "other.toml"
+    other.write_text(TASKS_TOML.replace("Rule 3:", "Rule three:"), encoding="utf-8")
+    p = cli(*args, "--tasks", other, "--out", tmp_path / "never")
+    err = p.stderr.decode().strip()
+    assert p.returncode == 1 and "not the bundle's" in err and "\n" not in err, err
+    assert not (tmp_path / "never").exists()

@@ -26,6 +26,8 @@ def distill(
     batch_size: int = typer.Option(8, "--batch-size"),
     seed: int = typer.Option(0, "--seed"),
     init: str = typer.Option("prompt", "--init", help="prompt: start from the KV of the prompt's first V tokens | random."),
+    teacher: str = typer.Option("fp32", "--teacher", help="fp32: the task in transformers | gguf, onnx: the task in --bundle (faster)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="--teacher gguf|onnx: the bundle (default bundle when omitted)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out adapter."),
 ) -> None:
     """Distill a long text task into a short trained prefix that answers as the prompt does."""
@@ -33,7 +35,7 @@ def distill(
 
     r = run(task, inputs, out, tasks_file=tasks_file, base=base, eval_inputs=eval_inputs, name=name, kind=kind,
             virtual_tokens=virtual_tokens, steps=steps, lr=lr, batch_size=batch_size, seed=seed, init=init,
-            force=force)
+            teacher=teacher, bundle=bundle, force=force)
     t, s = r["teacher"], r["student"]
     typer.echo(f"adapter written to {out}")
     typer.echo(f"prefix positions {t['prefix_positions']} -> {s['prefix_positions']} ({r['positions_ratio']}x fewer)")

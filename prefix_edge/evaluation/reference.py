@@ -24,6 +24,22 @@ def task_options(manifest: Manifest, task: str) -> dict:
     return check_generation({**DEFAULTS, **manifest.tasks[task].defaults})
 
 
+def check_same_task(hf, root: Path, manifest: Manifest, task: str, what: str) -> None:
+    """Refuse unless `hf` (an export.hf_task.HFTask) is the bundle's `task`: the same kind,
+    rendering, prefix token ids and adapter."""
+    info, spec, r = manifest.tasks[task], hf.spec, hf.rendered
+    baked = prefixfile.read_ids(layout.confined(root, next(iter(info.prefixes.values())).file)).tolist()
+    mismatch = [name for name, ok in (
+        ("kind", spec.kind == info.kind), ("chat", r.chat == info.chat),
+        ("input wrapping", (r.input_before, r.input_after, r.template) ==
+         (info.input_before, info.input_after, info.template)),
+        ("prefix tokens", hf.prefix == baked),
+        ("adapter", hf.adapter is None or (info.adapter or {}).get("sha256") == hf.adapter.sha256)) if not ok]
+    if mismatch:
+        raise PrefixEdgeError(f"{what} is not the bundle's (differs in: {', '.join(mismatch)}); "
+                              "give the task file it was exported from")
+
+
 def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path | None, base: Path | None):
     """(HFTask, generate function for `evaluate`) for the bundle's `task`."""
     import importlib.util
@@ -34,7 +50,6 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
     from ..export.source import DEFAULT_GGUF, default_model_path
     from ..paths import default_tasks_file
 
-    info = manifest.tasks[task]
     if manifest.model.source == DEFAULT_GGUF:  # the embedded default model and its demo tasks
         base = base or default_model_path()
         tasks_file = tasks_file or default_tasks_file()
@@ -45,18 +60,11 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
     if spec is None:
         raise PrefixEdgeError(f"--reference: {tasks_file} has no task {task!r}")
     hf = HFTask(spec, Path(base), manifest.model.n_ctx)
-    r = hf.rendered
-    baked = prefixfile.read_ids(layout.confined(root, next(iter(info.prefixes.values())).file)).tolist()
-    mismatch = [what for what, ok in (
-        ("kind", spec.kind == info.kind), ("chat", r.chat == info.chat),
-        ("input wrapping", (r.input_before, r.input_after, r.template) ==
-         (info.input_before, info.input_after, info.template)),
-        ("prefix tokens", hf.prefix == baked),
-        ("adapter", hf.adapter is None or (info.adapter or {}).get("sha256") == hf.adapter.sha256)) if not ok]
-    if mismatch:
+    try:
+        check_same_task(hf, root, manifest, task, f"--reference: task {task!r} in {tasks_file}")
+    except PrefixEdgeError:
         hf.close()
-        raise PrefixEdgeError(f"--reference: task {task!r} in {tasks_file} is not the bundle's "
-                              f"(differs in: {', '.join(mismatch)}); give the task file it was exported from")
+        raise
     opts = task_options(manifest, task)
 
     def generate(text: str) -> Answer:

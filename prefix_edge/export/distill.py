@@ -1,7 +1,9 @@
 """`prefix-edge distill`: a long text task → a short trained prefix (context distillation).
 
-The teacher is the text task (its system prompt / examples as a prefix) run in transformers at
-fp32 with the task's own decoding options (export/hf_task.py). Its answers on the given inputs
+The teacher is the text task (its system prompt / examples as a prefix) with the task's own
+decoding options, run in transformers at fp32 (export/hf_task.py; the default) or, faster,
+through a bundle's copy of the task (`--teacher gguf|onnx`: the deployed model answers, 4 inputs
+at a time; the bundle's task is checked to be the task file's). Its answers on the given inputs
 become the training targets of a prefix-tuning (or cartridge) adapter of V virtual tokens on the
 same base model (export/train.py): sequence-level distillation. The student sees the input
 wrapped exactly as the teacher's user turn was (chat markup included), so its task is a `peft`,
@@ -26,6 +28,8 @@ from ..errors import PrefixEdgeError
 from ..tasks import TaskSpec, load_tasks
 
 DISTILL_FILE = "prefix_edge_distill.json"
+TEACHERS = ("fp32", "gguf", "onnx")
+TEACHER_SLOTS = 4  # a bundle teacher answers this many inputs at once
 
 
 def _toml_str(s: str) -> str:
@@ -48,14 +52,36 @@ def student_toml(name: str, adapter: str, template: str, defaults: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _teacher_answers(teacher, rows: list[Example], opts: dict, bar, label: str) -> list[Example]:
+def _teacher_answers(answer, rows: list[Example], bar, label: str, workers: int = 1) -> list[Example]:
+    """The teacher's answers to `rows`, in order (`answer`: text -> text)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     t = bar.add_task(label, total=len(rows), info="")
-    out = []
-    for ex in rows:
-        g = teacher.generate(ex.input, opts)
-        out.append(Example(ex.input, g.text.strip()))
+
+    def one(ex: Example) -> Example:
+        a = Example(ex.input, answer(ex.input).strip())
         bar.advance(t)
-    return out
+        return a
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, rows))
+
+
+def _bundle_teacher(bundle: Path | None, backend: str, task: str, hf):
+    """A Runtime over the bundle's copy of `task`, once it is checked to be `hf`'s task."""
+    from ..bundle import Manifest
+    from ..evaluation.reference import check_same_task
+    from ..paths import default_bundle
+    from ..runtime.generate import Runtime
+
+    root = Path(bundle) if bundle is not None else default_bundle()
+    if not (root / "manifest.json").is_file():
+        raise PrefixEdgeError(f"--teacher {backend}: no bundle at {root}")
+    manifest = Manifest.read(root)
+    if task not in manifest.tasks:
+        raise PrefixEdgeError(f"--teacher {backend}: bundle {root} has no task {task!r}")
+    check_same_task(hf, root, manifest, task, f"--teacher {backend}: task {task!r}")
+    return Runtime.open(root, backend=backend, slots=TEACHER_SLOTS)
 
 
 def _agreement(student, teacher_rows: list[Example], answers: list[str]) -> dict:
@@ -80,7 +106,8 @@ def _agreement(student, teacher_rows: list[Example], answers: list[str]) -> dict
 def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = None, base: Path | None = None,
             eval_inputs: Path | None = None, name: str | None = None, kind: str = "prefix",
             virtual_tokens: int = 32, steps: int = 200, lr: float | None = None, batch_size: int = 8,
-            seed: int = 0, init: str = "prompt", force: bool = False, progress: bool = True) -> dict:
+            seed: int = 0, init: str = "prompt", teacher: str = "fp32", bundle: Path | None = None,
+            force: bool = False, progress: bool = True) -> dict:
     from ..paths import default_tasks_file
     from ..runtime.generate import DEFAULTS
     from ..tasks import check_generation
@@ -88,6 +115,8 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
     from .source import default_model_path
     from .train import _progress, train_adapter
 
+    if teacher not in TEACHERS:
+        raise PrefixEdgeError(f"--teacher must be one of {', '.join(TEACHERS)}, not {teacher!r}")
     if init not in ("prompt", "random"):
         raise PrefixEdgeError(f"--init must be prompt or random, not {init!r}")
     if kind not in ("prefix", "cartridge"):
@@ -109,20 +138,28 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
     eval_in = read_jsonl(eval_inputs, need_output=False) if eval_inputs is not None else []
     opts = check_generation({**DEFAULTS, **spec.defaults})
     t_start = time.perf_counter()
-    teacher = HFTask(spec, base)
+    hf = HFTask(spec, base)
+    rt = None
     try:
-        r = teacher.rendered
+        r = hf.rendered
         student_template = r.input_before + r.template + r.input_after
         if student_template.count("{input}") != 1:
             raise PrefixEdgeError(f"task {task!r}: its input wrapping contains '{{input}}' more than once")
+        if teacher == "fp32":
+            answer, workers = (lambda x: hf.generate(x, opts).text), 1
+        else:
+            rt = _bundle_teacher(bundle, teacher, task, hf)
+            answer, workers = (lambda x: rt.generate(task, x).text), TEACHER_SLOTS
         with _progress(progress) as bar:
-            train_rows = _teacher_answers(teacher, train_in, opts, bar, "teacher answers (train)")
-            eval_rows = _teacher_answers(teacher, eval_in, opts, bar, "teacher answers (held-out)")
+            train_rows = _teacher_answers(answer, train_in, bar, "teacher answers (train)", workers)
+            eval_rows = _teacher_answers(answer, eval_in, bar, "teacher answers (held-out)", workers)
         teacher_s = time.perf_counter() - t_start
         init_text = r.prefix_text if init == "prompt" else None
-        teacher_positions = teacher.prefix_positions
+        teacher_positions = hf.prefix_positions
     finally:
-        teacher.close()
+        if rt is not None:
+            rt.close()
+        hf.close()
     with tempfile.TemporaryDirectory(prefix="prefix-edge-distill-") as work:
         tr, ev = Path(work) / "teacher.train.jsonl", Path(work) / "teacher.heldout.jsonl"
         write_jsonl(tr, train_rows)
@@ -143,8 +180,9 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
         finally:
             student.close()
     report = {
-        "format": "prefix-edge-distill", "version": 1, "teacher": {"task": task, "tasks_file": Path(tasks_file).name,
-                                                                   "prefix_positions": teacher_positions},
+        "format": "prefix-edge-distill", "version": 1,
+        "teacher": {"task": task, "tasks_file": Path(tasks_file).name, "prefix_positions": teacher_positions,
+                    "model": teacher},
         "student": {"task": name, "kind": kind, "prefix_positions": virtual_tokens, "template": student_template,
                     "init": init},
         "positions_ratio": round(teacher_positions / virtual_tokens, 2),
