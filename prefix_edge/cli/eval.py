@@ -71,9 +71,9 @@ def eval_(
     elif metric not in METRICS:
         raise PrefixEdgeError(f"--metric must be one of {', '.join(METRICS)}, not {metric!r}")
     if metric == "json-fields":
-        from ..evaluation.metrics import _json_object
+        from ..evaluation.metrics import json_object
 
-        bad = next((i for i, r in enumerate(rows) if _json_object(r.output) is None), None)
+        bad = next((i for i, r in enumerate(rows) if json_object(r.output) is None), None)
         if bad is not None:
             raise PrefixEdgeError(f"{data}: line {bad + 1}'s output is not a JSON object (needed by --metric json-fields)")
     backends = [b.strip() for b in backend.split(",") if b.strip()] if backend else list(manifest.backends)

@@ -34,7 +34,7 @@ class Score:
     valid: bool
 
 
-def _json_object(text: str):
+def json_object(text: str):
     try:
         got = json.loads(text)
     except (ValueError, RecursionError):
@@ -54,10 +54,10 @@ def _same(a, b) -> bool:
 
 
 def json_fields(answer: str, reference: str) -> Score:
-    ref = _json_object(reference)
+    ref = json_object(reference)
     if ref is None:
         raise ValueError(f"reference output is not a JSON object: {reference!r}")
-    got = _json_object(answer.strip().split("\n")[0].strip())
+    got = json_object(answer.strip().split("\n")[0].strip())
     if got is None:
         return Score(0.0, False, False)
     ok = [k in got and _same(got[k], v) for k, v in ref.items()]
@@ -110,7 +110,7 @@ def scorer(metric: str, references: list[str]):
 def guess_metric(references: list[str]) -> str:
     """json-fields when every reference is a JSON object; label when every reference is one word
     and there are few distinct ones; chrf otherwise."""
-    if all(_json_object(r) is not None for r in references):
+    if all(json_object(r) is not None for r in references):
         return "json-fields"
     words = {r.strip() for r in references}
     if len(words) <= 20 and all(_WORD.fullmatch(w) for w in words) and len(words) < len(references):
