@@ -44,7 +44,8 @@ def eval_(
     from ..bundle import Manifest
     from ..datafile import read_jsonl
     from ..evaluation.metrics import METRICS, guess_metric
-    from ..evaluation.run import eval_bundle, progress
+    from ..evaluation.run import eval_bundle
+    from ..export.progress import bars
     from ..paths import default_bundle
 
     root = bundle or default_bundle()
@@ -82,7 +83,7 @@ def eval_(
             raise PrefixEdgeError(f"bundle {root} has no {b} model (it has: {', '.join(manifest.backends)})")
 
     results = []
-    with progress(not as_json and sys.stderr.isatty()) as bar:
+    with bars(not as_json and sys.stderr.isatty(), transient=True) as bar:
         for b in backends:
             results.append(eval_bundle(root, task, b, rows, metric, threads, bar))
         if reference:

@@ -13,15 +13,8 @@ from pathlib import Path
 from ..bundle import Manifest, layout, prefixfile
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks
+from ..runtime.generate import task_options
 from .run import Answer
-
-
-def task_options(manifest: Manifest, task: str) -> dict:
-    """The task's decoding options as the runtime resolves them (its defaults over the runtime's)."""
-    from ..runtime.generate import DEFAULTS
-    from ..tasks import check_generation
-
-    return check_generation({**DEFAULTS, **manifest.tasks[task].defaults})
 
 
 def check_same_task(hf, root: Path, manifest: Manifest, task: str, what: str) -> None:
@@ -65,7 +58,7 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
     except PrefixEdgeError:
         hf.close()
         raise
-    opts = task_options(manifest, task)
+    opts = task_options(manifest.tasks[task].defaults)
 
     def generate(text: str) -> Answer:
         g = hf.generate(text, opts)

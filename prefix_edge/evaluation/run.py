@@ -43,19 +43,11 @@ class Summary:
         return d
 
 
-def progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), disable=not enabled, transient=True)
-
-
 def evaluate(label: str, generate: Callable[[str], Answer], data: list[Example], metric: str,
              bar=None) -> Summary:
     score = scorer(metric, [ex.output for ex in data])
     t0, rows = time.perf_counter(), []
-    task = bar.add_task(label, total=len(data)) if bar is not None else None
+    task = bar.add_task(label, total=len(data), info="") if bar is not None else None
     for ex in data:
         a = generate(ex.input)
         s = score(a.text, ex.output)

@@ -109,11 +109,11 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
             seed: int = 0, init: str = "prompt", teacher: str = "fp32", bundle: Path | None = None,
             force: bool = False, progress: bool = True) -> dict:
     from ..paths import default_tasks_file
-    from ..runtime.generate import DEFAULTS
-    from ..tasks import check_generation
+    from ..runtime.generate import task_options
     from .hf_task import HFTask
+    from .progress import bars
     from .source import default_model_path
-    from .train import _progress, train_adapter
+    from .train import train_adapter
 
     if teacher not in TEACHERS:
         raise PrefixEdgeError(f"--teacher must be one of {', '.join(TEACHERS)}, not {teacher!r}")
@@ -136,7 +136,7 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
         raise PrefixEdgeError(f"task {task!r} is a {spec.kind} task; distill takes a text task (a prompt)")
     train_in = read_jsonl(inputs, need_output=False)
     eval_in = read_jsonl(eval_inputs, need_output=False) if eval_inputs is not None else []
-    opts = check_generation({**DEFAULTS, **spec.defaults})
+    opts = task_options(spec.defaults)
     t_start = time.perf_counter()
     hf = HFTask(spec, base)
     rt = None
@@ -150,7 +150,7 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
         else:
             rt = _bundle_teacher(bundle, teacher, task, hf)
             answer, workers = (lambda x: rt.generate(task, x).text), TEACHER_SLOTS
-        with _progress(progress) as bar:
+        with bars(progress) as bar:
             train_rows = _teacher_answers(answer, train_in, bar, "teacher answers (train)", workers)
             eval_rows = _teacher_answers(answer, eval_in, bar, "teacher answers (held-out)", workers)
         teacher_s = time.perf_counter() - t_start

@@ -81,9 +81,7 @@ class HFTask:
         ids = torch.tensor([self.prefix + self.input_ids(text)])
         n_in, eos = ids.shape[1], set(self.eos)
         stream = TextStream(self.tok, list(opts["stop"]))
-        sampler = Sampler(opts["temperature"], opts["top_k"], opts["top_p"], opts["seed"], opts["min_p"],
-                          opts["repetition_penalty"], opts["presence_penalty"], opts["frequency_penalty"],
-                          opts["logit_bias"])
+        sampler = Sampler.from_options(opts)
         state = {"chunks": [], "tokens": [], "t_first": None}
 
         class Choose(LogitsProcessor):  # the runtime's Sampler picks; generate() takes its pick

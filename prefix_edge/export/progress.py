@@ -9,6 +9,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 
+def bars(enabled: bool = True, transient: bool = False) -> Progress:
+    """Progress bars on stderr for train, distill and eval: description, bar, n/total, elapsed,
+    remaining, and a free `info` field (give `info=""` to add_task)."""
+    from rich.progress import TimeRemainingColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                    console=Console(stderr=True), disable=not enabled, transient=transient)
+
+
 class Stages:
     def __init__(self, enabled: bool = True):
         self.console = Console(stderr=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from ..datafile import Example, read_jsonl
 from ..errors import PrefixEdgeError
+from .progress import bars
 from .train_loop import CKPT_FILE, Plan, fit, held_out_loss, read_checkpoint, remove_checkpoint
 
 KINDS = {"prefix": "PREFIX_TUNING", "prompt": "PROMPT_TUNING", "p-tuning": "P_TUNING",
@@ -170,16 +171,6 @@ def _load(base: Path, work: Path, kind: str, n: int, init_text: str | None, seed
     return tok, peft_model, eos
 
 
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                    console=Console(stderr=True), disable=not enabled)
-
-
 def _check_loop_args(eval_every, patience, checkpoint_every, checkpoint, resume) -> None:
     for flag, v in (("--eval-every", eval_every), ("--patience", patience),
                     ("--checkpoint-every", checkpoint_every)):
@@ -247,7 +238,7 @@ def train_adapter(base: Path | None, data: Path, out: Path, *, kind: str = "pref
 
     t_start = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="prefix-edge-train-") as work, _progress(progress) as bar:
+    with tempfile.TemporaryDirectory(prefix="prefix-edge-train-") as work, bars(progress) as bar:
         t_load = bar.add_task("load model", total=1, info="")
         tok, peft_model, eos = _load(base, Path(work), kind, virtual_tokens, init_text, seed)
         pad = tok.pad_token_id if tok.pad_token_id is not None else eos

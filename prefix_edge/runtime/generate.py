@@ -36,6 +36,12 @@ RESIDENT_SEQS = 16           # llama.cpp sequences kept for resident task prefix
 RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
 
 
+def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generation options, resolved and checked: the runtime's DEFAULTS, then a task's defaults,
+    then a request's overrides."""
+    return check_generation({**DEFAULTS, **defaults, **(overrides or {})})
+
+
 def _importable(backend: str) -> bool:
     import importlib.util
 
@@ -236,7 +242,7 @@ class Runtime:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items()
                 if v is not None and k not in ("use_prefix_cache", "raw_special_tokens")}
-        return check_generation({**DEFAULTS, **self.manifest.tasks[task].defaults, **over})
+        return task_options(self.manifest.tasks[task].defaults, over)
 
     @functools.cached_property
     def _text_tokenizer(self):
@@ -303,9 +309,7 @@ class Runtime:
                 prefix, key = None, None
                 ids = np.concatenate([self.prefixes.ids(task), ids])
         load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
-        sampler = Sampler(opts["temperature"], opts["top_k"], opts["top_p"], opts["seed"],
-                          opts["min_p"], opts["repetition_penalty"], opts["presence_penalty"],
-                          opts["frequency_penalty"], opts["logit_bias"])
+        sampler = Sampler.from_options(opts)
         return Request(task, key, prefix, ids, max_tokens, sampler,
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        load_ms=load_ms,

@@ -29,6 +29,12 @@ class Sampler:
         self.rng = np.random.default_rng(seed)
         self.counts: dict[int, int] = {}
 
+    @classmethod
+    def from_options(cls, o: dict) -> "Sampler":
+        """From resolved generation options (runtime.generate.task_options)."""
+        return cls(o["temperature"], o["top_k"], o["top_p"], o["seed"], o["min_p"], o["repetition_penalty"],
+                   o["presence_penalty"], o["frequency_penalty"], o["logit_bias"])
+
     @property
     def _penalised(self) -> bool:
         return bool(self.counts) and (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
