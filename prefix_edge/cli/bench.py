@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -27,7 +26,7 @@ def bench(
     backend: Optional[str] = typer.Option(None, "--backend", help="Comma-separated backends (default: all in the bundle)."),
     prefix_lengths: str = typer.Option("128,512,1024,2048", "--prefix-lengths"),
     input_tokens: int = typer.Option(32, "--input-tokens"),
-    threads: int = typer.Option(min(os.cpu_count() or 1, 4), "--threads"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Threads for every engine and peer (default: the physical cores this process may use)."),
     runs: int = typer.Option(5, "--runs", help="Runs per figure (medians are reported)."),
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Run the peer baselines from benchmarks/."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the report as JSON."),
@@ -41,8 +40,13 @@ def bench(
     from ..errors import PrefixEdgeError
     from ..paths import default_bundle
 
+    from ..runtime.cpus import default_threads
+
     root = bundle or default_bundle()
     manifest = Manifest.read(root)
+    if threads is not None and threads < 1:
+        raise PrefixEdgeError(f"--threads must be >= 1, got {threads}")
+    threads = threads or default_threads()
     names = [b.strip() for b in backend.split(",")] if backend else list(manifest.backends)
     try:
         lengths = [int(x) for x in prefix_lengths.split(",") if x.strip()]

@@ -85,6 +85,7 @@ def doctor(
     """Versions, CPU features, devices, and which backends run here (llama.cpp is probed in a
     child process, so a build that crashes on this CPU is reported, not fatal)."""
     from .. import __version__
+    from ..runtime.cpus import budget
     from ..runtime.probe import llama_verdict
 
     onnx_ok, onnx_detail, providers = _onnx_status()
@@ -99,6 +100,7 @@ def doctor(
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu_features": cpu_features(),
+        "threads": vars(budget()),
         "packages": {d: _version(d) for d in ("numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers",
                                                "llama-cpp-python", "torch", "transformers")},
         "backends": {
@@ -115,6 +117,7 @@ def doctor(
     else:
         typer.echo(f"prefix-edge {report['prefix_edge']}  python {report['python']}  {report['platform']}")
         typer.echo("cpu features: " + (" ".join(report["cpu_features"]) or "unknown"))
+        typer.echo("engine threads by default: " + budget().describe())
         typer.echo("packages: " + "  ".join(f"{k} {v_}" for k, v_ in report["packages"].items()
                                              if v_ != "not installed"))
         for name, b in report["backends"].items():

@@ -36,7 +36,7 @@ def eval_(
     tasks_file: Optional[Path] = typer.Option(None, "--tasks", help="--reference: the task file the bundle was exported from."),
     base: Optional[Path] = typer.Option(None, "--base", help="--reference: the model the bundle was exported from."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Score only the first N lines."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the engine's choice)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (with every answer) instead of a table."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every answer that is not exact on stderr."),
 ) -> None:

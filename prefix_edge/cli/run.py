@@ -32,7 +32,7 @@ def run(
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
     backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto (the faster one the bundle has)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | metal (gguf) | auto."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Intra-op threads (default: the engine's choice)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy."),
     top_p: Optional[float] = typer.Option(None, "--top-p"),
@@ -58,6 +58,7 @@ def run(
             keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",
                     "generated_tokens", "finish_reason")
             stats = {k: getattr(r.stats, k) for k in keys}
+            stats.update(backend=rt.backend.name, threads=rt.threads)
             typer.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": stats}, ensure_ascii=False))
             return
         out = sys.stdout

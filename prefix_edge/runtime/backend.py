@@ -53,6 +53,7 @@ class Backend(Protocol):
     name: str
     device: str
     n_ctx: int
+    threads: int | None
     n_layers: int
     n_kv_heads: int
     head_dim: int
@@ -84,7 +85,11 @@ MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
 def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 2048, **engine) -> Backend:
     """The one place that maps a backend name to its implementation (imported lazily: the
-    gguf backend needs llama-cpp-python, the onnx one onnxruntime)."""
+    gguf backend needs llama-cpp-python, the onnx one onnxruntime). threads: None means the
+    physical cores this process may use (runtime/cpus.py), never the engine's own default."""
+    from .cpus import default_threads
+
+    threads = threads or default_threads()
     if name == "onnx":
         from .onnx import OnnxBackend
 

@@ -180,6 +180,11 @@ class Runtime:
         return dict(self.manifest.tasks)
 
     @property
+    def threads(self) -> int | None:
+        """Threads the engine computes with (default: this process's physical cores)."""
+        return self.backend.threads
+
+    @property
     def closed(self) -> bool:
         return self._sched.closed
 

@@ -139,6 +139,7 @@ class LlamaBackend:
         cp.no_perf = True
         if threads:
             cp.n_threads = cp.n_threads_batch = threads
+        self.threads = int(cp.n_threads)
         self.ctx = L.llama_init_from_model(self.model, cp)
         if not self.ctx:
             self.close()

@@ -43,7 +43,7 @@ class OnnxBackend:
                 "(install prefix-edge[gpu] instead of onnxruntime, with a CUDA driver present)")
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
-        self.device, self.n_ctx = device, n_ctx
+        self.device, self.n_ctx, self.threads = device, n_ctx, threads
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:

@@ -1,0 +1,107 @@
+"""How many threads an engine should use here: the physical cores this process may run on.
+
+Both engines are memory-bound at decode and gain nothing from SMT siblings; more threads than
+cores only make them wait on each other (measured on a 2-core VM: llama.cpp's own default of 4
+threads decoded 46 tok/s, 2 threads 74 tok/s). The count respects
+
+- the CPU affinity mask (taskset, cpusets, a container's --cpuset-cpus),
+- a cgroup CPU quota (docker --cpus, Kubernetes limits; cgroup v2 cpu.max or v1 cfs_quota),
+- SMT: logical CPUs that share a core (same package and core id in sysfs) count once,
+- on macOS, the performance cores (hw.perflevel0.physicalcpu), else hw.physicalcpu.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SYS_CPU = Path("/sys/devices/system/cpu")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    threads: int          # what the engines use by default
+    logical: int          # logical CPUs this process may run on
+    physical: int | None  # distinct cores among them (None: topology unknown)
+    quota: float | None   # cgroup CPU quota in CPUs (None: no limit)
+
+    def describe(self) -> str:
+        parts = [f"{self.logical} logical CPUs"]
+        if self.physical is not None:
+            parts.append(f"{self.physical} physical cores")
+        if self.quota is not None:
+            parts.append(f"cgroup quota {self.quota:g} CPUs")
+        return f"{self.threads} threads ({', '.join(parts)})"
+
+
+def _allowed_cpus() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _physical(cpus: list[int], root: Path = SYS_CPU) -> int | None:
+    cores = set()
+    for c in cpus:
+        topo = root / f"cpu{c}" / "topology"
+        try:
+            cores.add((topo.joinpath("physical_package_id").read_text().strip(),
+                       topo.joinpath("core_id").read_text().strip()))
+        except OSError:
+            return None
+    return len(cores) or None
+
+
+def _quota(root: Path = CGROUP) -> float | None:
+    """The CPU quota of this process's cgroup (v2 `cpu.max`, v1 `cpu.cfs_quota_us`), if any."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def _mac_cores() -> int | None:
+    for key in ("hw.perflevel0.physicalcpu", "hw.physicalcpu"):
+        try:
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5)
+            if out.returncode == 0 and out.stdout.strip().isdigit():
+                return int(out.stdout)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
+
+
+def budget(sys_cpu: Path = SYS_CPU, cgroup: Path = CGROUP, cpus: list[int] | None = None) -> CpuBudget:
+    cpus = _allowed_cpus() if cpus is None else cpus
+    if platform.system() == "Darwin":
+        physical = _mac_cores()
+    else:
+        physical = _physical(cpus, sys_cpu)
+    quota = _quota(cgroup) if platform.system() == "Linux" else None
+    n = physical or len(cpus)
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota - 1e-9)))
+    return CpuBudget(threads=max(1, n), logical=len(cpus), physical=physical, quota=quota)
+
+
+_CACHED: CpuBudget | None = None
+
+
+def default_threads() -> int:
+    """The engines' thread count when none is given (computed once per process)."""
+    global _CACHED
+    if _CACHED is None:
+        _CACHED = budget()
+    return _CACHED.threads
