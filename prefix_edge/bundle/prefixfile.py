@@ -9,7 +9,14 @@ A prefix file is a safetensors file:
 and string metadata (schema version PREFIX_FORMAT_VERSION):
 
     backend, fingerprint, task, task_digest, prefix_format_version, n_virtual (peft tasks),
-    + gguf: state_format, state_version, n_layer, v_trans, kv_type, n_tokens
+    + onnx: kv_store (absent: the graph's dtype), + gguf: state_format, state_version, n_layer,
+    v_trans, kv_type, n_tokens
+
+The ONNX KV may be stored smaller than the graph computes it (`kv_store`, chosen at export):
+"f16" (half the bytes), or "q8_0": int8 in blocks of 32 along head_dim (a whole row when head_dim
+is no multiple of 32) with one f16 scale per block in `{name}.scale` — llama.cpp's Q8_0, 1.06
+bytes per value. Both are decoded to the graph's dtype on load, so they are not bit-exact to a
+prefilled prefix: their greedy agreement is measured (README, "Prefix storage").
 
 Backends never open these files: `read` hands them the tensors and metadata; `write` is what
 export's baking calls through the backends' save_prefix.
@@ -25,6 +32,8 @@ from ..errors import PrefixEdgeError
 
 PREFIX_FORMAT_VERSION = "1"
 IDS = "prefix_ids"
+KV_STORES = ("f32", "f16", "q8_0")
+Q8_BLOCK = 32
 STATE = "state"
 MAX_BYTES = 16 << 30
 
@@ -104,3 +113,60 @@ def write(path: Path, ids: np.ndarray, tensors: dict[str, np.ndarray], metadata:
     meta = {k: str(v) for k, v in metadata.items()}
     meta.setdefault("prefix_format_version", PREFIX_FORMAT_VERSION)
     save_file(out, str(path), metadata=meta)
+
+
+def _q8_block(head_dim: int) -> int:
+    return Q8_BLOCK if head_dim % Q8_BLOCK == 0 else head_dim
+
+
+def encode_kv(kv: dict[str, np.ndarray], store: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """ONNX KV tensors as stored: unchanged ("f32": the graph's own dtype), f16, or q8_0."""
+    if store not in KV_STORES:
+        raise PrefixEdgeError(f"unknown prefix store {store!r}; choose one of {', '.join(KV_STORES)}")
+    if store == "f32":
+        return dict(kv), {}
+    out = {}
+    for name, a in kv.items():
+        a = np.asarray(a, np.float32)
+        if store == "f16":
+            out[name] = a.astype(np.float16)
+            continue
+        block = _q8_block(a.shape[-1])
+        blocks = a.reshape(*a.shape[:-1], -1, block)
+        scale = (np.abs(blocks).max(-1) / 127).astype(np.float16)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.nan_to_num(np.round(blocks / scale.astype(np.float32)[..., None]))
+        out[name] = q.clip(-127, 127).astype(np.int8).reshape(a.shape)
+        out[name + ".scale"] = scale
+    return out, {"kv_store": store}
+
+
+def decode_kv(tensors: dict[str, np.ndarray], meta: dict[str, str], names: list[str], dtype,
+              where: str) -> dict[str, np.ndarray]:
+    """The KV tensors `names` in the graph's `dtype`, decoded from the file's kv_store; a tensor
+    of another type or shape than its store says is refused (one line)."""
+    store = meta.get("kv_store", "f32")
+    if store not in KV_STORES:
+        raise PrefixEdgeError(f"{where}: unknown kv_store {store!r} (this prefix-edge reads "
+                              f"{', '.join(KV_STORES)}); re-export the bundle")
+    require(tensors, names, where)
+    if store == "f32":
+        return {n: tensors[n] for n in names}
+    out = {}
+    for n in names:
+        t = tensors[n]
+        if store == "f16":
+            if t.dtype != np.float16:
+                raise PrefixEdgeError(f"{where}: tensor {n} is {t.dtype}, its kv_store f16 says float16")
+            out[n] = t.astype(dtype)
+            continue
+        require(tensors, [n + ".scale"], where)
+        scale = tensors[n + ".scale"]
+        if t.dtype != np.int8 or t.ndim < 1 or scale.dtype != np.float16 \
+                or scale.shape != (*t.shape[:-1], t.shape[-1] // _q8_block(t.shape[-1] or 1)):
+            raise PrefixEdgeError(f"{where}: tensor {n} is {t.dtype}{list(t.shape)} with scales "
+                                  f"{scale.dtype}{list(scale.shape)}: not q8_0 as its kv_store says")
+        block = _q8_block(t.shape[-1])
+        blocks = t.reshape(*t.shape[:-1], -1, block).astype(np.float32)
+        out[n] = (blocks * scale.astype(np.float32)[..., None]).reshape(t.shape).astype(dtype)
+    return out

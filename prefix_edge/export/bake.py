@@ -64,9 +64,11 @@ def check_geometry(be, manifest: Manifest) -> None:
 
 
 def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, advance,
-         adapters: dict | None = None, model_path: Path | None = None) -> dict[str, TaskPrefixFile]:
+         adapters: dict | None = None, model_path: Path | None = None,
+         store: str | None = None) -> dict[str, TaskPrefixFile]:
     """Bake every task's prefix through backend `be` (the deployed model at `model_path`);
-    `adapters` maps peft tasks to their export.peft.Adapter. Fills in the backend's KV dtype,
+    `adapters` maps peft tasks to their export.peft.Adapter; `store` is how an onnx prefix
+    stores its KV (bundle.prefixfile.KV_STORES; None: the graph's own dtype). Fills in the backend's KV dtype,
     state facts and fingerprint in `manifest`. Returns {task: file entry}."""
     check_geometry(be, manifest)
     adapters = adapters or {}
@@ -90,7 +92,7 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
             if ids:
                 be.prefill(np.array(ids, np.int64))
             rel = layout.prefix_file(name, be.name)
-            be.save_prefix(root / rel, np.array(ids, np.int64), meta)
+            be.save_prefix(root / rel, np.array(ids, np.int64), meta, **({"store": store} if store else {}))
             (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
             out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
                                        bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)

@@ -29,12 +29,13 @@ KEEP = "keep"
 def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
                   formats=None, quantize: str = DEFAULT_ONNX_QUANT,
                   gguf_quant: str | None = None, force: bool = False,
-                  progress: bool = True) -> Manifest:
+                  progress: bool = True, prefix_store: str = "f32") -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
     DEFAULT_GGUF_QUANT for an HF source."""
     from ..paths import default_tasks_file
     from ..quantize.gguf import GGUF_QUANT_CHOICES
-    from ..quantize.onnx import CHOICES
+    from ..bundle.prefixfile import KV_STORES
+    from ..quantize.onnx import CHOICES, Int4Recipe
     from .source import default_model_path
 
     optional_gguf = formats is None  # the default: skip gguf (warning) where llama.cpp can't run
@@ -44,7 +45,9 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
             raise PrefixEdgeError(f"unknown format {f!r}; supported: {', '.join(FORMATS)}")
     if not formats:
         raise PrefixEdgeError("no format given; use --format onnx,gguf")
-    if quantize not in CHOICES:
+    if quantize.startswith("int4"):
+        Int4Recipe.parse(quantize)  # a bad recipe is refused before any work
+    elif quantize not in CHOICES:
         raise PrefixEdgeError(f"unknown quantization {quantize!r}; choose one of {', '.join(CHOICES)}")
     if gguf_quant not in (None, KEEP, *GGUF_QUANT_CHOICES):
         raise PrefixEdgeError(f"unknown GGUF quantization {gguf_quant!r}; choose one of "
@@ -54,6 +57,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         tasks_file = tasks_file or default_tasks_file()
     if tasks_file is None:
         raise PrefixEdgeError("no task file: pass --tasks FILE")
+    if prefix_store not in KV_STORES:
+        raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
     specs = load_tasks(tasks_file)  # validate before any slow work
     out = Path(out)
     if out.exists() and not force:
@@ -69,7 +74,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     try:
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
-                              optional_gguf)
+                              optional_gguf, prefix_store)
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -160,7 +165,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
-           st: Stages, optional_gguf: bool = False) -> Manifest:
+           st: Stages, optional_gguf: bool = False, prefix_store: str = "f32") -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -238,7 +243,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
             be = open_backend(name, root / model_file, n_ctx=n_ctx)
             try:
-                baked = bake(be, manifest, ids, root, advance, adapters, root / model_file)
+                baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
+                             store=prefix_store if name == "onnx" else None)
                 result = measure(be, probes, ref)
             finally:
                 be.close()

@@ -74,16 +74,17 @@ class OnnxBackend:
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:
         """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
-        tensors, meta = prefixfile.read(path, self.past_names + [prefixfile.IDS])
+        tensors, meta = prefixfile.read(path)
         return self.prefix_from(tensors, meta, str(path))
 
     def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix:
         """A Prefix from a prefix file's tensors and metadata, checked against this model."""
         if meta.get("backend", self.name) != self.name:
             raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not onnx")
-        prefixfile.require(tensors, self.past_names + [prefixfile.IDS], where)
+        prefixfile.require(tensors, [prefixfile.IDS], where)
         ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
-        kv = [tensors[n] for n in self.past_names]
+        decoded = prefixfile.decode_kv(tensors, meta, self.past_names, self.kv_dtype, where)
+        kv = [decoded[n] for n in self.past_names]
         n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids
         want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
         for n, t in zip(self.past_names, kv):
@@ -106,10 +107,12 @@ class OnnxBackend:
     def kv_dtype_name(self) -> str:
         return np.dtype(self.kv_dtype).name
 
-    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
-        """Write the current sequence (a prefilled prefix) as a prefix file."""
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str],
+                    store: str = "f32") -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
+        `store` (prefixfile.KV_STORES)."""
         kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
-        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata)
+        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its list of past tensors and its length. A restored prefix's arrays are
@@ -199,5 +202,7 @@ class OnnxBackend:
         self.seqs = {}
 
 
-def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    prefixfile.write(path, ids, kv, {**metadata, "backend": "onnx"})
+def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],
+                 store: str = "f32") -> None:
+    tensors, extra = prefixfile.encode_kv(kv, store)
+    prefixfile.write(path, ids, tensors, {**metadata, **extra, "backend": "onnx"})

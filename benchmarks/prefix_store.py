@@ -1,0 +1,106 @@
+"""What a smaller ONNX prefix store costs: f16 and q8_0 against the exact f32 store.
+
+For every task of a bundle (exported with the default `--prefix-store f32`) that has a held-out
+set: the task's prefix is re-encoded by the prefix-file codec (bundle.prefixfile.encode_kv, then
+decode_kv as the runtime does on load), and every held-out input is decoded greedily from the
+exact prefix and from each reduced one through the same ONNX session. Reported per store: bytes
+per prefix position (as stored), answers whose greedy tokens are identical, tokens identical up to
+the first difference, and the largest first-step |logit difference|.
+
+    python benchmarks/prefix_store.py [--bundle DIR] [--stores f16,q8_0] [--max-tokens 64] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def greedy(be, prefix, ids, max_tokens: int, eos: set[int]) -> tuple[list[int], np.ndarray]:
+    be.begin(prefix)
+    logits = be.prefill(ids)
+    first = logits.copy()
+    out = []
+    for _ in range(max_tokens):
+        t = int(np.argmax(logits))
+        out.append(t)
+        if t in eos:
+            break
+        logits = be.step(t)
+    return out, first
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bundle", type=Path)
+    ap.add_argument("--stores", default="f16,q8_0")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--limit", type=int)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from prefix_edge import Runtime
+    from prefix_edge.bundle import prefixfile
+    from prefix_edge.cli.eval import demo_data
+    from prefix_edge.datafile import read_jsonl
+    from prefix_edge.runtime.backend import Prefix
+
+    stores = args.stores.split(",")
+    totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "max_dlogit": 0.0,
+                  "bytes": 0, "positions": 0} for s in ["f32", *stores]}
+    with Runtime.open(args.bundle, backend="onnx", threads=args.threads) as rt:
+        be = rt.backend
+        for task in rt.tasks:
+            data = demo_data(task)
+            if data is None:
+                continue
+            exact, _ = rt.prefixes.get(task)
+            kv = dict(zip(be.past_names, exact.kv))
+            variants = {}
+            for s in ["f32", *stores]:
+                tensors, meta = prefixfile.encode_kv(kv, s)
+                totals[s]["bytes"] += sum(t.nbytes for t in tensors.values())
+                totals[s]["positions"] += exact.n_tokens
+                dec = prefixfile.decode_kv(tensors, meta, be.past_names, be.kv_dtype, task)
+                variants[s] = Prefix(exact.ids, [dec[n] for n in be.past_names], exact.metadata,
+                                     exact.nbytes, n_virtual=exact.n_virtual)
+            rows = read_jsonl(data)[: args.limit]
+            for ex in rows:
+                ids = rt.encode_input(task, ex.input)
+                ref, ref_logits = greedy(be, variants["f32"], ids, args.max_tokens, rt.eos)
+                for s in stores:
+                    out, logits = greedy(be, variants[s], ids, args.max_tokens, rt.eos)
+                    t = totals[s]
+                    t["answers"] += 1
+                    t["same_answers"] += out == ref
+                    n_same = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+                    t["tokens"] += len(ref)
+                    t["same_tokens"] += n_same
+                    t["max_dlogit"] = max(t["max_dlogit"], float(np.abs(logits - ref_logits).max()))
+            print(f"{task}: {len(rows)} inputs", file=sys.stderr, flush=True)
+    report = {}
+    print("| store | bytes / prefix position | identical greedy answers | tokens before first difference | max first-step abs logit diff |")
+    print("|---|---|---|---|---|")
+    for s, t in totals.items():
+        per = t["bytes"] / max(1, t["positions"])
+        if s == "f32":
+            report[s] = {"bytes_per_position": round(per)}
+            print(f"| f32 (exact) | {per:,.0f} | reference | reference | 0 |")
+            continue
+        report[s] = {"bytes_per_position": round(per), "answers": t["answers"],
+                     "same_answers": t["same_answers"] / max(1, t["answers"]),
+                     "same_tokens": t["same_tokens"] / max(1, t["tokens"]), "max_dlogit": t["max_dlogit"]}
+        r = report[s]
+        print(f"| {s} | {per:,.0f} | {r['same_answers']:.3f} ({t['same_answers']}/{t['answers']}) | "
+              f"{r['same_tokens']:.3f} | {r['max_dlogit']:.3g} |")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
