@@ -1,5 +1,8 @@
-"""Peer baseline: optimum's ORTModelForCausalLM.generate on the bundle's own ONNX graph, same
-thread count, greedy. Runs in its own process (it imports torch; the runtime never does).
+"""Peer baseline: optimum's ORTModelForCausalLM.generate on optimum's graph of the bundle's
+weights, same thread count, greedy. A bundle built by optimum (`--onnx-builder optimum`) is run
+as it is; for prefix-edge's own fused graph, optimum's graph is made from the bundle's GGUF (the
+weights the export started from when its source is a GGUF) with the same quantization, once
+(cached under $PREFIX_EDGE_HOME/bench-cache/optimum). Runs in its own process (it imports torch; the runtime never does).
 
     python benchmarks/optimum_generate.py BUNDLE THREADS N_TOKENS CONTEXT_TOKENS
 
@@ -16,6 +19,31 @@ import time
 from pathlib import Path
 
 
+def optimum_graph(bundle: Path, m: dict) -> list[Path]:
+    """optimum's graph of the bundle's GGUF weights, quantized as the bundle's ONNX model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from prefix_edge.export.onnx import export_onnx
+    from prefix_edge.export.source import prepare_hf_dir
+    from prefix_edge.paths import home
+    from prefix_edge.quantize.onnx import quantize_onnx
+
+    info = m["backends"]["onnx"]
+    cache = home() / "bench-cache" / "optimum" / info["fingerprint"][:16]
+    out = cache / "model.onnx"
+    if not out.exists():
+        gguf = [f for f in m["backends"].get("gguf", {}).get("files", {}) if f.endswith(".gguf")]
+        if not gguf:
+            sys.exit("the bundle has no GGUF model to rebuild optimum's graph from")
+        work = cache / "work"
+        hf = prepare_hf_dir(bundle / gguf[0], work)
+        quantize_onnx(export_onnx(hf, work / "onnx"), cache / "partial.onnx", info["quantization"])
+        (cache / "partial.onnx").replace(out)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return [out]
+
+
 def main() -> None:
     bundle, threads, n, ctx = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     import onnxruntime as ort
@@ -26,9 +54,11 @@ def main() -> None:
     m = json.loads((bundle / "manifest.json").read_text())
     mi = m["model"]
     tmp = Path(tempfile.mkdtemp(prefix="optimum-peer-"))
-    onnx_files = [f for f in m["backends"]["onnx"]["files"]]
+    onnx_files = [bundle / f for f in m["backends"]["onnx"]["files"]]
+    if m.get("extra", {}).get("onnx_builder", "optimum") != "optimum":
+        onnx_files = optimum_graph(bundle, m)
     for f in onnx_files:
-        os.symlink((bundle / f).resolve(), tmp / Path(f).name)
+        os.symlink(Path(f).resolve(), tmp / Path(f).name)
     LlamaConfig(vocab_size=mi["vocab_size"], hidden_size=mi["hidden_size"], num_hidden_layers=mi["n_layers"],
                 num_attention_heads=mi["n_heads"], num_key_value_heads=mi["n_kv_heads"],
                 head_dim=mi["head_dim"], max_position_embeddings=mi["n_ctx"],

@@ -5,7 +5,8 @@ set: the task's prefix is re-encoded by the prefix-file codec (bundle.prefixfile
 decode_kv as the runtime does on load), and every held-out input is decoded greedily from the
 exact prefix and from each reduced one through the same ONNX session. Reported per store: bytes
 per prefix position (as stored), answers whose greedy tokens are identical, tokens identical up to
-the first difference, and the largest first-step |logit difference|.
+the first difference, the largest first-step |logit difference|, and each task's held-out score
+(`prefix-edge eval`'s metric) from each store's answers.
 
     python benchmarks/prefix_store.py [--bundle DIR] [--stores f16,q8_0] [--max-tokens 64] [--json FILE]
 """
@@ -38,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
     ap.add_argument("--stores", default="f16,q8_0")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256, help="cap on the task's own max_tokens")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--json", type=Path)
@@ -48,11 +49,13 @@ def main() -> None:
     from prefix_edge.bundle import prefixfile
     from prefix_edge.cli.eval import demo_data
     from prefix_edge.datafile import read_jsonl
+    from prefix_edge.evaluation.metrics import guess_metric, scorer
     from prefix_edge.runtime.backend import Prefix
 
     stores = args.stores.split(",")
     totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "max_dlogit": 0.0,
                   "bytes": 0, "positions": 0} for s in ["f32", *stores]}
+    scores = {}
     with Runtime.open(args.bundle, backend="onnx", threads=args.threads) as rt:
         be = rt.backend
         for task in rt.tasks:
@@ -69,12 +72,24 @@ def main() -> None:
                 dec = prefixfile.decode_kv(tensors, meta, be.past_names, be.kv_dtype, task)
                 variants[s] = Prefix(exact.ids, [dec[n] for n in be.past_names], exact.metadata,
                                      exact.nbytes, n_virtual=exact.n_virtual)
-            rows = read_jsonl(data)[: args.limit]
+            every = read_jsonl(data)
+            rows = every[: args.limit]
+            metric = guess_metric([ex.output for ex in every])
+            opts = rt.options(task, {})
+            n_max = min(args.max_tokens, opts["max_tokens"])
+
+            def cut(text: str) -> str:  # the task's stop strings end an answer, as in the runtime
+                ends = [text.find(x) for x in opts["stop"] if x in text]
+                return text[: min(ends)] if ends else text
+
+            score = scorer(metric, [ex.output for ex in rows])
+            texts = {s: [] for s in ["f32", *stores]}
             for ex in rows:
                 ids = rt.encode_input(task, ex.input)
-                ref, ref_logits = greedy(be, variants["f32"], ids, args.max_tokens, rt.eos)
+                ref, ref_logits = greedy(be, variants["f32"], ids, n_max, rt.eos)
+                texts["f32"].append(rt.tokenizer.decode([t for t in ref if t not in rt.eos]))
                 for s in stores:
-                    out, logits = greedy(be, variants[s], ids, args.max_tokens, rt.eos)
+                    out, logits = greedy(be, variants[s], ids, n_max, rt.eos)
                     t = totals[s]
                     t["answers"] += 1
                     t["same_answers"] += out == ref
@@ -82,7 +97,10 @@ def main() -> None:
                     t["tokens"] += len(ref)
                     t["same_tokens"] += n_same
                     t["max_dlogit"] = max(t["max_dlogit"], float(np.abs(logits - ref_logits).max()))
-            print(f"{task}: {len(rows)} inputs", file=sys.stderr, flush=True)
+                    texts[s].append(rt.tokenizer.decode([t for t in out if t not in rt.eos]))
+            scores[task] = {s: round(sum(score(cut(a), ex.output).score for a, ex in zip(ans, rows)) / len(rows), 4)
+                            for s, ans in texts.items()}
+            print(f"{task} ({metric}, n={len(rows)}): {scores[task]}", file=sys.stderr, flush=True)
     report = {}
     print("| store | bytes / prefix position | identical greedy answers | tokens before first difference | max first-step abs logit diff |")
     print("|---|---|---|---|---|")
@@ -98,8 +116,12 @@ def main() -> None:
         r = report[s]
         print(f"| {s} | {per:,.0f} | {r['same_answers']:.3f} ({t['same_answers']}/{t['answers']}) | "
               f"{r['same_tokens']:.3f} | {r['max_dlogit']:.3g} |")
+    print("\n| task | " + " | ".join(f"score {s}" for s in ["f32", *stores]) + " |")
+    print("|---|" + "---|" * (1 + len(stores)))
+    for task, sc in scores.items():
+        print(f"| `{task}` | " + " | ".join(f"{v:.3f}" for v in sc.values()) + " |")
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        args.json.write_text(json.dumps({"stores": report, "scores": scores}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

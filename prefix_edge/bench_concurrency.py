@@ -38,22 +38,8 @@ def run_all(bundle: Path, backends: list[str], threads: int, log=print) -> dict:
 
 
 def onnx_kv_bytes(be) -> int:
-    """Bytes of KV the ONNX backend's sequences hold; arrays shared by several sequences (a
-    task's restored prefix, before a sequence's first forward) count once."""
-    import numpy as np
-
-    seen, total = set(), 0
-    for past, _pos in be.seqs.values():
-        for t in past:
-            key = id(t)
-            if key in seen:
-                continue
-            seen.add(key)
-            if isinstance(t, np.ndarray):
-                total += t.nbytes
-            else:
-                total += int(np.prod(t.shape())) * np.dtype(be.kv_dtype).itemsize
-    return total
+    """Bytes of KV the ONNX backend's sequences hold (runtime/onnx.py OnnxBackend.kv_bytes)."""
+    return be.kv_bytes()
 
 
 def used_cells(be) -> int:

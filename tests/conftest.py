@@ -115,10 +115,10 @@ def tasks_file(tmp_path_factory) -> Path:
     return p
 
 
-def _export(model, tasks, out, quantize, gguf_quant):
+def _export(model, tasks, out, quantize, gguf_quant, **kw):
     from prefix_edge.export.build import export_bundle
 
-    export_bundle(model, tasks, out, quantize=quantize, gguf_quant=gguf_quant, progress=False)
+    export_bundle(model, tasks, out, quantize=quantize, gguf_quant=gguf_quant, progress=False, **kw)
     return out
 
 
@@ -130,6 +130,13 @@ def bundle_fp32(tiny_model, tasks_file, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def bundle_int4(tiny_model, tasks_file, tmp_path_factory) -> Path:
     return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "int4", "int4", "q8_0")
+
+
+@pytest.fixture(scope="session")
+def bundle_optimum(tiny_model, tasks_file, tmp_path_factory) -> Path:
+    """fp32, ONNX only, optimum's graph (`--onnx-builder optimum`): the reference path."""
+    return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "optimum", "none", None,
+                   formats=["onnx"], onnx_builder="optimum")
 
 
 def cli(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

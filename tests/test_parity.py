@@ -13,12 +13,14 @@ from .conftest import INPUTS
 TASKS = ["support", "sentiment", "extract", "raw"]
 
 
-@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+@pytest.mark.parametrize("backend", ["onnx", "gguf", "onnx-optimum"])
 @pytest.mark.parametrize("task", TASKS)
-def test_fp32_first_step_logits_match(bundle_fp32, task, backend):
-    """ONNX fp32: to 1e-5. GGUF f32 weights with llama.cpp's F16 KV cache: the restored cache
-    holds exactly the values a prefill writes (same F16 cells), so the logits agree as well."""
-    with Runtime.open(bundle_fp32, backend=backend) as rt:
+def test_fp32_first_step_logits_match(request, task, backend):
+    """ONNX fp32 (the own fused graph, and optimum's): to 1e-5. GGUF f32 weights with llama.cpp's
+    F16 KV cache: the restored cache holds exactly the values a prefill writes (same F16 cells),
+    so the logits agree as well."""
+    bundle = request.getfixturevalue("bundle_optimum" if backend == "onnx-optimum" else "bundle_fp32")
+    with Runtime.open(bundle, backend=backend.split("-")[0]) as rt:
         for text in INPUTS:
             ids = rt.encode_input(task, text)
             prefix, _ = rt.prefixes.get(task)
@@ -42,8 +44,8 @@ def test_backends_agree(bundle_fp32):
     assert np.argmax(logits[0]) == np.argmax(logits[1])
 
 
-@pytest.mark.parametrize("backend", ["onnx", "gguf"])
-@pytest.mark.parametrize("bundle", ["bundle_fp32", "bundle_int4"])
+@pytest.mark.parametrize("backend, bundle", [(b, f) for b in ("onnx", "gguf") for f in ("bundle_fp32", "bundle_int4")]
+                         + [("onnx", "bundle_optimum")])
 def test_greedy_tokens_match_prefill(request, bundle, backend):
     path = request.getfixturevalue(bundle)
     with Runtime.open(path, backend=backend) as rt:
@@ -97,6 +99,30 @@ def test_int8_export_runs(tiny_model, tasks_file, tmp_path):
         assert rt.manifest.backends["onnx"].quantization == "int8"
         r = rt.generate("support", INPUTS[0], max_tokens=4)
         assert r.stats.generated_tokens == len(r.tokens) and r.stats.prefix_tokens > 0
+
+
+def test_own_graph_matches_optimum_graph(bundle_fp32, bundle_optimum):
+    """The own fused graph and optimum's graph of the same fp32 weights: the same logits at every
+    step of a 120-token teacher-forced run from a baked prefix (past the own graph's first KV
+    buffer, so its growth is crossed), and the same prefix KV baked."""
+    with Runtime.open(bundle_fp32, backend="onnx") as own, Runtime.open(bundle_optimum, backend="onnx") as ref:
+        assert own.backend.shared and not ref.backend.shared
+        for task in ("support", "raw"):
+            po, _ = own.prefixes.get(task)
+            pr, _ = ref.prefixes.get(task)
+            assert max(float(np.abs(a - b).max()) for a, b in zip(po.kv, pr.kv)) < 1e-4
+            ids = own.encode_input(task, INPUTS[0])
+            own.backend.begin(po)
+            ref.backend.begin(pr)
+            a, b = own.backend.prefill(ids), ref.backend.prefill(ids)
+            worst = float(np.abs(a - b).max())
+            start_capacity = own.backend.past.capacity
+            for _ in range(120):
+                t = int(np.argmax(a))
+                a, b = own.backend.step(t), ref.backend.step(t)
+                worst = max(worst, float(np.abs(a - b).max()))
+            assert own.backend.past.capacity > start_capacity  # the buffer grew on the way
+            assert worst < 1e-3, (task, worst)
 
 
 def test_export_records_fidelity_against_transformers(bundle_fp32, bundle_int4):

@@ -370,7 +370,16 @@ def test_leading_special_tokens_go_after_the_virtual_part():
         prefix_ids(tok, raw, "t", 7, n_virtual=4)
 
 
-def test_soft_prompt_route_is_exact_on_int4(peft_bundle, tiny_model, tmp_path):
+def _positions(sess, n: int) -> dict:
+    """The position inputs of either ONNX graph for a pass of n tokens from position 0."""
+    feeds = {"attention_mask": np.ones((1, n), np.int64), "position_ids": np.arange(n)[None],
+             "seqlens_k": np.array([n - 1], np.int32), "total_sequence_length": np.array(n, np.int32)}
+    names = {i.name for i in sess.get_inputs()}
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+@pytest.mark.parametrize("builder", ["own", "optimum"])
+def test_soft_prompt_route_is_exact_on_int4(peft_bundle, tiny_model, tmp_path, builder):
     """ONNX int4 (quantized embedding table, offline-optimized graph): the soft prompt's KV baked
     through the edited copy of the deployed graph, then the input prefilled on the deployed graph,
     gives the logits of one pass of [soft prompt; the input's embeddings] through that copy, i.e.
@@ -386,7 +395,8 @@ def test_soft_prompt_route_is_exact_on_int4(peft_bundle, tiny_model, tmp_path):
     tasks.write_text(f'[task.p]\nkind = "peft"\nadapter = "{peft_bundle}/adapters/prompt"\n'
                      'chat = false\n')
     out = tmp_path / "b"
-    export_bundle(tiny_model, tasks, out, formats=("onnx",), quantize="int4", progress=False)
+    export_bundle(tiny_model, tasks, out, formats=("onnx",), quantize="int4", progress=False,
+                  onnx_builder=builder)
     soft = load_file(str(peft_bundle / "adapters/prompt/adapter_model.safetensors"))["prompt_embeddings"]
     with Runtime.open(out, backend="onnx") as rt:
         be, path = rt.backend, out / "onnx/model.onnx"
@@ -402,12 +412,10 @@ def test_soft_prompt_route_is_exact_on_int4(peft_bundle, tiny_model, tmp_path):
             ids = rt.encode_input("p", text)
             n = len(ids)
             rows = sess.run([lookup.output[0]], {"input_ids": ids[None], **empty,
-                                                 "attention_mask": np.ones((1, n), np.int64),
-                                                 "position_ids": np.arange(n)[None]})[0][0]
+                                                 **_positions(sess, n)})[0][0]
             emb = np.concatenate([soft, rows])
             feeds = {runner.emb_name: emb[None].astype(runner.emb_dtype), **empty,
-                     "attention_mask": np.ones((1, len(emb)), np.int64),
-                     "position_ids": np.arange(len(emb))[None]}
+                     **_positions(runner.session, len(emb))}
             if runner.feed_ids:
                 feeds["input_ids"] = np.zeros((1, len(emb)), np.int64)
             one_pass = runner.session.run(["logits"], feeds)[0][0, -1]

@@ -21,6 +21,7 @@ from .progress import Stages
 
 FORMATS = ("onnx", "gguf")
 DEFAULT_FORMATS = ("onnx", "gguf")
+ONNX_BUILDERS = ("own", "optimum")  # export/onnx_graph.py (fused ops) | optimum + ORT fusions
 DEFAULT_ONNX_QUANT = "int4"  # exact baked prefixes, smallest, fastest: see README
 DEFAULT_GGUF_QUANT = "q8_0"  # for HF sources; a .gguf source is kept as it is: see README
 KEEP = "keep"
@@ -29,7 +30,8 @@ KEEP = "keep"
 def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
                   formats=None, quantize: str = DEFAULT_ONNX_QUANT,
                   gguf_quant: str | None = None, force: bool = False,
-                  progress: bool = True, prefix_store: str = "f32") -> Manifest:
+                  progress: bool = True, prefix_store: str = "f32",
+                  onnx_builder: str = "own") -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
     DEFAULT_GGUF_QUANT for an HF source."""
     from ..paths import default_tasks_file
@@ -57,6 +59,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         tasks_file = tasks_file or default_tasks_file()
     if tasks_file is None:
         raise PrefixEdgeError("no task file: pass --tasks FILE")
+    if onnx_builder not in ONNX_BUILDERS:
+        raise PrefixEdgeError(f"unknown ONNX builder {onnx_builder!r}; choose one of {', '.join(ONNX_BUILDERS)}")
     if prefix_store not in KV_STORES:
         raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
     specs = load_tasks(tasks_file)  # validate before any slow work
@@ -74,7 +78,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     try:
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
-                              optional_gguf, prefix_store)
+                              optional_gguf, prefix_store, onnx_builder)
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -165,7 +169,8 @@ def _replace(tmp: Path, out: Path) -> None:
 
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
-           st: Stages, optional_gguf: bool = False, prefix_store: str = "f32") -> Manifest:
+           st: Stages, optional_gguf: bool = False, prefix_store: str = "f32",
+           onnx_builder: str = "own") -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -199,7 +204,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     backends = {}
     fusions: dict = {}
     if "onnx" in formats:
-        backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st, fusions)
+        backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st,
+                                       fusions, onnx_builder)
     if "gguf" in formats:
         backends["gguf"] = _gguf_model(model, hf_dir, root / layout.MODEL_FILE["gguf"], gguf_quant, work, st)
         if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):
@@ -223,6 +229,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     manifest.extra["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if fusions:
         manifest.extra["onnx_fusions"] = fusions
+    if "onnx" in backends:
+        manifest.extra["onnx_builder"] = onnx_builder
     for s in specs:
         r = rendered[s.name]
         a = adapters.get(s.name)
@@ -301,12 +309,18 @@ def _config_name(hf_dir: Path) -> str:
 
 
 def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages,
-                fusions: dict | None = None) -> BackendInfo:
+                fusions: dict | None = None, builder: str = "own") -> BackendInfo:
     from ..quantize.onnx import quantize_onnx
     from .onnx import export_onnx
 
-    with st.stage("export ONNX (fp32)"):
-        fp32 = export_onnx(hf_dir, work / "onnx-fp32", warn=st.warn, report=fusions)
+    if builder == "own":
+        from .onnx_graph import build_onnx
+
+        with st.stage("build ONNX graph (fp32, fused ops)"):
+            fp32 = build_onnx(hf_dir, work / "onnx-fp32")
+    else:
+        with st.stage("export ONNX (fp32, optimum)"):
+            fp32 = export_onnx(hf_dir, work / "onnx-fp32", warn=st.warn, report=fusions)
     with st.stage(f"quantize ONNX ({quantize})"):
         quantize_onnx(fp32, dst, quantize)
     return BackendInfo(files={}, kv_dtype="", quantization=quantize)

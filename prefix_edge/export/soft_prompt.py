@@ -115,8 +115,7 @@ class SoftPromptRunner:
             except Exception as e:
                 raise PrefixEdgeError(f"{model_path}: the soft-prompt copy of the graph does not "
                                       f"load: {str(e).splitlines()[0]}") from None
-        names = {i.name for i in self.session.get_inputs()}
-        self.has_position_ids = "position_ids" in names
+        self.inputs = {i.name for i in self.session.get_inputs()}
 
     def kv(self, emb: np.ndarray) -> list[np.ndarray]:
         """The KV of `emb` [V, hidden] at positions 0..V-1, one array per past name
@@ -126,11 +125,13 @@ class SoftPromptRunner:
             raise PrefixEdgeError(f"soft prompt is {list(emb.shape)}, expected [V >= 1, {self.hidden}]")
         n = emb.shape[0]
         feeds = {self.emb_name: emb.astype(self.emb_dtype)[None],
-                 "attention_mask": np.ones((1, n), np.int64)}
+                 "attention_mask": np.ones((1, n), np.int64),  # optimum's graph
+                 "position_ids": np.arange(n, dtype=np.int64)[None],
+                 "seqlens_k": np.array([n - 1], np.int32),  # the fused graph (onnx_graph.py)
+                 "total_sequence_length": np.array(n, np.int32)}
         if self.feed_ids:  # input_ids still drives shape computations: any ids of the right shape
             feeds["input_ids"] = np.zeros((1, n), np.int64)
-        if self.has_position_ids:
-            feeds["position_ids"] = np.arange(n, dtype=np.int64)[None]
+        feeds = {k: v for k, v in feeds.items() if k in self.inputs}
         feeds.update((name, self.empty) for name in self.past_names)
         return self.session.run(self.present_names, feeds)
 

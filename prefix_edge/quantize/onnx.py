@@ -26,14 +26,17 @@ class Int4Recipe:
     """How `int4` quantizes: the decoder's MatMuls at 4 bits (blocks of `block` along the input
     dim, symmetric or with zero points, `accuracy` = MatMulNBits' accuracy_level: 4 computes with
     int8 activations, 0 with fp32), and the tied embedding table / LM head at `embed` / `head`
-    bits (4, 8, or 32 = left fp32). Written `int4` (the default recipe) or
-    `int4:block=32,sym=1,acc=4,embed=8,head=8`."""
+    bits (4, 8, or 32 = left fp32); `q41=1` writes the decoder's MatMuls as GGUF Q4_1 instead
+    (blocks of 32, a scale and a float minimum each: quantize/q4_1.py; exact for weights that
+    came from a Q4_1 file). Written `int4` (the default recipe) or
+    `int4:block=32,sym=1,acc=4,embed=8,head=8,q41=0`."""
 
     block: int = 32
     sym: bool = True
     acc: int = 4
     embed: int = 4
     head: int = 4
+    q41: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Int4Recipe":
@@ -46,7 +49,7 @@ class Int4Recipe:
             if key not in cls.__dataclass_fields__ or not value.isdigit():
                 raise PrefixEdgeError(f"{spec!r}: {item!r} is not KEY=NUMBER with KEY one of "
                                       f"{', '.join(cls.__dataclass_fields__)}")
-            fields[key] = bool(int(value)) if key == "sym" else int(value)
+            fields[key] = bool(int(value)) if key in ("sym", "q41") else int(value)
         r = cls(**{**vars(cls()), **fields}) if fields else cls()
         if r.block not in (16, 32, 64, 128, 256) or r.acc not in (0, 1, 2, 3, 4) \
                 or r.embed not in (4, 8, 32) or r.head not in (4, 8, 32):
@@ -70,7 +73,13 @@ def _int4(src: Path, dst: Path, r: Int4Recipe) -> None:
     embed = [n.name for n in model.graph.node if n.op_type == "Gather"
              and any(i.name == n.input[0] for i in model.graph.initializer)]
     body = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in head]
-    passes = [(4, r.block, r.sym, body, ("MatMul",))]
+    passes = []
+    if r.q41:
+        from .q4_1 import apply
+
+        apply(model, body, r.acc)
+    else:
+        passes.append((4, r.block, r.sym, body, ("MatMul",)))
     if r.head != 32 and head:  # at 8 bits: symmetric blocks of 32, llama.cpp's Q8_0
         passes.append((r.head, 32 if r.head == 8 else r.block, r.sym or r.head == 8, head, ("MatMul",)))
     if r.embed == 4 and embed:
@@ -79,8 +88,10 @@ def _int4(src: Path, dst: Path, r: Int4Recipe) -> None:
         for name in embed:
             _gather_q8(model, name)
     for bits, block, sym, names, ops in passes:
+        # nodes_to_include only adds to op_types_to_quantize: exclude every other node of the type
+        others = [n.name for n in model.graph.node if n.op_type in ops and n.name not in names]
         q = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=sym,
-                                 accuracy_level=r.acc, nodes_to_include=names,
+                                 accuracy_level=r.acc, nodes_to_exclude=others,
                                  op_types_to_quantize=ops, quant_axes=(("MatMul", 0), ("Gather", 1)))
         with np.errstate(divide="ignore", invalid="ignore"):  # all-zero blocks (e.g. a pad row)
             q.process()

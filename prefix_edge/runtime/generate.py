@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
                             "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
 GGUF_CTX_CAP = 1 << 15       # positions per request on llama.cpp unless n_ctx says otherwise
+REQUEST_CELLS = 512          # llama.cpp cells per slot by default: input + the default max_tokens
 RESIDENT_SEQS = 16           # llama.cpp sequences kept for resident task prefixes
 RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
 
@@ -157,7 +158,7 @@ class Runtime:
         extra = {}
         if backend == "gguf":
             if kv_cells is None:  # residents of the longest prefix + room for every slot
-                kv_cells = min(2 * longest + slots * 1024, slots * ctx)
+                kv_cells = min(2 * longest + slots * REQUEST_CELLS, slots * ctx)
                 kv_cells = max(1024, -(-kv_cells // 256) * 256)
             extra = {"n_seq_max": 1 + slots + RESIDENT_SEQS, "n_batch": max(512, prefill_chunk)}
         else:

@@ -1,8 +1,14 @@
-"""ONNX Runtime backend over an optimum `text-generation-with-past` decoder graph.
+"""ONNX Runtime backend over a decoder graph with past KV: prefix-edge's own fused graph
+(export/onnx_graph.py, the default) or optimum's `text-generation-with-past` graph.
 
-One session does prefill and decode. A baked prefix is fed as the first `past_key_values`;
-the attention mask covers past + new tokens and position ids start at the past length
-(positions starting at 0 would give silently wrong logits).
+One session does prefill and decode. A baked prefix is fed as the first `past_key_values`.
+- Fused graph (inputs `seqlens_k`, `total_sequence_length`): a sequence owns one KV buffer per
+  layer and kind, [1, n_kv_heads, capacity, head_dim], bound as both past and present, which
+  GroupQueryAttention extends in place (rotary positions from seqlens_k). Restoring a prefix
+  copies it into the first P positions; a buffer grows (one copy) when a sequence outgrows it.
+- optimum graph: the attention mask covers past + new tokens and position ids start at the past
+  length (positions starting at 0 would give silently wrong logits); each step returns new
+  present tensors (past + new, concatenated by the graph).
 
 Prefix file (safetensors): `past_key_values.{i}.key|value` [1, n_kv_heads, P, head_dim] in the
 graph's KV dtype, `prefix_ids` [P] int64, and metadata {fingerprint, task, backend}.
@@ -65,6 +71,10 @@ class OnnxBackend:
         self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
+        self.shared = "seqlens_k" in inputs  # the fused graph: KV extended in place
+        if self.shared and device != "cpu":
+            raise PrefixEdgeError(f"{model_path}: the fused ONNX graph runs on the CPU; for CUDA export "
+                                  "the bundle with --onnx-builder optimum")
         self.output_names = ["logits", *self.present_names]
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.past: list[np.ndarray] = []
@@ -111,7 +121,10 @@ class OnnxBackend:
                     store: str = "f32") -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
         `store` (prefixfile.KV_STORES)."""
-        kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
+        if self.shared:
+            kv = [a[:, :, :self.pos].copy() for a in self.past.arrays]
+        else:
+            kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
         write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
@@ -120,20 +133,40 @@ class OnnxBackend:
     # returns new present tensors (the graph concatenates past + new), so from then on a
     # sequence holds its own copy. Sequences run one after another: one row per run keeps every
     # request bit-identical to running alone (see runtime/scheduler.py).
-    def _empty(self) -> list:
+    def _start(self, prefix: Prefix | None) -> tuple:
+        """A new sequence's (past, position): the prefix's KV or none."""
+        n = 0 if prefix is None else prefix.n_tokens
+        if self.shared:
+            buf = KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype,
+                           min(self.n_ctx, _round(n + GROW_MIN)))
+            if prefix is not None:
+                for a, kv in zip(buf.arrays, prefix.kv):
+                    a[:, :, :n] = kv
+            return buf, n
+        if prefix is not None:
+            return list(prefix.kv), n
         empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
-        return [empty] * len(self.past_names)
+        return [empty] * len(self.past_names), 0
 
     def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
-        if prefix is None:
-            self.seqs[seq] = (self._empty(), 0)
-        else:
-            self.seqs[seq] = (list(prefix.kv), prefix.n_tokens)
+        self.seqs[seq] = self._start(prefix)
         return self.seqs[seq][1]
 
     def seq_copy(self, src: int, dst: int) -> None:
         past, pos = self.seqs[src]
-        self.seqs[dst] = (list(past), pos)
+        self.seqs[dst] = (past.resized(pos, past.capacity) if self.shared else list(past), pos)
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays
+        shared by several sequences (a restored prefix before its first forward) count once."""
+        seen, total = set(), 0
+        for past, _pos in self.seqs.values():
+            for t in (past.arrays if self.shared else past):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    total += t.nbytes if isinstance(t, np.ndarray) else \
+                        int(np.prod(t.shape())) * np.dtype(self.kv_dtype).itemsize
+        return total
 
     def seq_free(self, seq: int) -> None:
         self.seqs.pop(seq, None)
@@ -151,10 +184,7 @@ class OnnxBackend:
 
     # -- one sequence (export, bench, parity tests) ---------------------------------------
     def begin(self, prefix: Prefix | None) -> None:
-        if prefix is None:
-            self.past, self.pos = self._empty(), 0
-        else:
-            self.past, self.pos = list(prefix.kv), prefix.n_tokens
+        self.past, self.pos = self._start(prefix)
 
     def prefill(self, ids: np.ndarray) -> np.ndarray:
         logits, self.past = self._run(self.past, self.pos, ids)
@@ -173,6 +203,8 @@ class OnnxBackend:
             raise PrefixEdgeError("prefill needs at least one token")
         if pos + n > self.n_ctx:
             raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
+        if self.shared:
+            return self._run_shared(past, pos, ids)
         b = self.session.io_binding()
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
@@ -193,6 +225,24 @@ class OnnxBackend:
         out = b.get_outputs()
         return np.array(out[0].numpy()[0, -1], dtype=np.float32), out[1:]
 
+    def _run_shared(self, buf: "KvBuffer", pos: int, ids: np.ndarray):
+        n = ids.shape[1]
+        if pos + n > buf.capacity:
+            buf = buf.resized(pos, min(self.n_ctx, _round(max(pos + n + GROW_MIN, buf.capacity * 3 // 2))))
+        b = self.session.io_binding()
+        b.bind_output("logits", "cpu")
+        b.bind_cpu_input("input_ids", ids)
+        b.bind_cpu_input("seqlens_k", np.array([pos + n - 1], np.int32))
+        b.bind_cpu_input("total_sequence_length", np.array(pos + n, np.int32))
+        for past_name, present_name, value in zip(self.past_names, self.present_names, buf.values):
+            b.bind_ortvalue_input(past_name, value)
+            b.bind_ortvalue_output(present_name, value)  # the same buffer: extended in place
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as e:  # ORT raises its own types; give one line
+            raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
+        return np.array(b.get_outputs()[0].numpy()[0, -1], dtype=np.float32), buf
+
     def step(self, token: int) -> np.ndarray:
         return self.prefill(np.array([token], np.int64))
 
@@ -200,6 +250,34 @@ class OnnxBackend:
         self.session = None
         self.past = []
         self.seqs = {}
+
+
+GROW_MIN = 64  # positions a buffer has beyond its sequence when made or grown
+
+
+def _round(n: int, to: int = 64) -> int:
+    return -(-n // to) * to
+
+
+class KvBuffer:
+    """One sequence's KV for the fused graph: per layer key and value arrays [1, n_kv_heads,
+    capacity, head_dim] and the OrtValues over that same memory (bound as past and present).
+    np.zeros pages are mapped lazily: RSS grows with the positions written, not the capacity."""
+
+    def __init__(self, n: int, n_kv: int, head_dim: int, dtype, capacity: int):
+        import onnxruntime as ort
+
+        self.capacity = capacity
+        self.arrays = [np.zeros((1, n_kv, capacity, head_dim), dtype) for _ in range(n)]
+        self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
+
+    def resized(self, pos: int, capacity: int) -> "KvBuffer":
+        """A new buffer of `capacity` holding this one's first `pos` positions."""
+        a0 = self.arrays[0]
+        out = KvBuffer(len(self.arrays), a0.shape[1], a0.shape[3], a0.dtype, capacity)
+        for src, dst in zip(self.arrays, out.arrays):
+            dst[:, :, :pos] = src[:, :, :pos]
+        return out
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],

@@ -1,0 +1,179 @@
+"""HF llama-family weights → prefix-edge's own ONNX decoder graph, built with onnx.helper.
+
+One fused contrib op per job, as onnxruntime-genai's builder writes them, instead of optimum's
+thousands of shape/concat/gather ops:
+
+    Gather (embedding) → per layer: [Skip]SimplifiedLayerNormalization → MatMul q/k/v (+bias)
+    → GroupQueryAttention (rotary inside, causal, grouped heads) → MatMul o
+    → SkipSimplifiedLayerNormalization → MatMul gate/up → SiLU·up → MatMul down
+    → final norm → the last position only → MatMul lm_head
+
+Inputs: input_ids [batch, seq] int64, past_key_values.{i}.key|value [batch, n_kv, L, head_dim]
+float, seqlens_k [batch] int32 (total length - 1), total_sequence_length [] int32. Outputs:
+logits [batch, 1, vocab] (the last position: all a decoder needs), present.{i}.key|value.
+GroupQueryAttention writes the new KV into the past buffer itself when past and present are the
+same buffer (the runtime binds them so: runtime/onnx.py), so a step copies no KV, and restoring a
+baked prefix is a copy into the first P positions. The KV names and layout are optimum's, so a
+prefix file is the same for both graphs.
+
+Supported: LlamaForCausalLM (SmolLM, Llama 2/3 without rope scaling), MistralForCausalLM
+(sliding window as GQA's local window), Qwen2ForCausalLM (q/k/v biases). Anything else is a
+one-line refusal naming `--onnx-builder optimum`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+OPSET = 17
+
+
+def _config(hf_dir: Path) -> dict:
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch not in ARCHITECTURES:
+        raise PrefixEdgeError(f"the own ONNX builder does not know {arch} (it builds "
+                              f"{', '.join(ARCHITECTURES)}); export with --onnx-builder optimum")
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in (None, "default"):
+        raise PrefixEdgeError(f"the own ONNX builder has no {kind!r} rope scaling; export with "
+                              "--onnx-builder optimum")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise PrefixEdgeError(f"the own ONNX builder has no {cfg['hidden_act']!r} activation; "
+                              "export with --onnx-builder optimum")
+    return cfg
+
+
+def _weights(hf_dir: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint as fp32 numpy (bf16/f16 widened through torch)."""
+    from safetensors.torch import load_file
+
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise PrefixEdgeError(f"{hf_dir}: no .safetensors weights for the own ONNX builder")
+    out = {}
+    for f in files:
+        for k, t in load_file(str(f)).items():
+            out[k] = t.float().numpy()
+    return out
+
+
+def rope_cache(cfg: dict, head_dim: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_pos, head_dim/2] as transformers' default RoPE computes them (fp32)."""
+    theta = float(cfg.get("rope_theta", 10000.0))
+    inv = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))).astype(np.float32)
+    freqs = np.outer(np.arange(n_pos, dtype=np.float32), inv).astype(np.float32)
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
+    """Write model.onnx (fp32, weights inside or beside it over 2 GB) into `out_dir`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    hf_dir = Path(hf_dir)
+    cfg = _config(hf_dir)
+    w = _weights(hf_dir)
+    hidden, n_layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    n_heads = int(cfg["num_attention_heads"])
+    n_kv = int(cfg.get("num_key_value_heads") or n_heads)
+    head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    n_pos = int(cfg.get("max_position_embeddings", 2048))
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    window = int(window) if window and int(window) < n_pos else -1
+
+    inits, nodes = [], []
+
+    def init(name: str, a: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(a), name))
+        return name
+
+    def node(op: str, ins: list[str], outs: list[str], name: str, domain: str = "", **attrs):
+        nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain or None, **attrs))
+        return outs[0] if len(outs) == 1 else outs
+
+    def linear(x: str, key: str, name: str) -> str:
+        y = node("MatMul", [x, init(key + ".weight_T", w[key + ".weight"].T)], [name + "/out"], name + "/MatMul")
+        if key + ".bias" in w:
+            y = node("Add", [y, init(key + ".bias", w[key + ".bias"])], [name + "/bias_out"], name + "/Add")
+        return y
+
+    cos, sin = rope_cache(cfg, head_dim, n_pos)
+    init("cos_cache", cos)
+    init("sin_cache", sin)
+    x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
+             ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
+    residual, pending = x, None
+    outputs = []
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
+        if pending is None:
+            h = node("SimplifiedLayerNormalization", [residual, ln1], [f"/{p}/ln1/out"], f"/{p}/ln1",
+                     axis=-1, epsilon=eps)
+        else:
+            h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
+                                     [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
+                                     domain="com.microsoft", epsilon=eps)
+        q = linear(h, f"{p}.self_attn.q_proj", f"/{p}/attn/q_proj")
+        k = linear(h, f"{p}.self_attn.k_proj", f"/{p}/attn/k_proj")
+        v = linear(h, f"{p}.self_attn.v_proj", f"/{p}/attn/v_proj")
+        pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        ok, ov = f"present.{i}.key", f"present.{i}.value"
+        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
+                     scale=float(head_dim) ** -0.5)
+        if window > 0:
+            attrs["local_window_size"] = window
+        a = node("GroupQueryAttention", [q, k, v, pk, pv, "seqlens_k", "total_sequence_length",
+                                         "cos_cache", "sin_cache"],
+                 [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
+                 **attrs)[0]
+        outputs += [ok, ov]
+        o = linear(a, f"{p}.self_attn.o_proj", f"/{p}/attn/o_proj")
+        ln2 = init(f"{p}.post_attention_layernorm.weight", w[f"{p}.post_attention_layernorm.weight"])
+        h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
+                                  [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
+                                  domain="com.microsoft", epsilon=eps)
+        g = linear(h2, f"{p}.mlp.gate_proj", f"/{p}/mlp/gate_proj")
+        u = linear(h2, f"{p}.mlp.up_proj", f"/{p}/mlp/up_proj")
+        sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
+        act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
+        gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
+        pending = linear(gu, f"{p}.mlp.down_proj", f"/{p}/mlp/down_proj")
+    norm = init("model.norm.weight", w["model.norm.weight"])
+    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, norm], ["/model/norm/out"],
+              "/model/norm", domain="com.microsoft", epsilon=eps)
+    last = node("Slice", [hn, init("last_start", np.array([-1], np.int64)),
+                          init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
+                          init("last_axis", np.array([1], np.int64))], ["/model/last"], "/model/Slice_last")
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # tied embeddings
+    node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits"], "/lm_head/MatMul")
+
+    f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    kv_shape = ["batch", n_kv, "past_len", head_dim]
+    inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"])]
+    for i in range(n_layers):
+        inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape) for t in ("key", "value")]
+    inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
+               helper.make_tensor_value_info("total_sequence_length", i32, [])]
+    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(w["model.embed_tokens.weight"].shape[0])])]
+    outs += [helper.make_tensor_value_info(n, f32, ["batch", n_kv, "total_len", head_dim]) for n in outputs]
+    graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              producer_name="prefix-edge")
+    model.ir_version = 8
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.onnx"
+    large = sum(t.nbytes for t in w.values()) > 1_800_000_000
+    onnx.save_model(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
+                    location="model.onnx_data")
+    return path
