@@ -3,9 +3,10 @@
 One fused contrib op per job, as onnxruntime-genai's builder writes them, instead of optimum's
 thousands of shape/concat/gather ops:
 
-    Gather (embedding) → per layer: [Skip]SimplifiedLayerNormalization → MatMul q/k/v (+bias)
-    → GroupQueryAttention (rotary inside, causal, grouped heads) → MatMul o
-    → SkipSimplifiedLayerNormalization → MatMul gate/up → SiLU·up → MatMul down
+    Gather (embedding) → per layer: [Skip]SimplifiedLayerNormalization → one MatMul for q, k
+    and v (+bias) → GroupQueryAttention (packed qkv, rotary inside, causal, grouped heads)
+    → MatMul o → SkipSimplifiedLayerNormalization → one MatMul for gate and up → Split
+    → SiLU(gate)·up → MatMul down
     → final norm → the last position only → MatMul lm_head
 
 Inputs: input_ids [batch, seq] int64, past_key_values.{i}.key|value [batch, n_kv, L, head_dim]
@@ -31,7 +32,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-OPSET = 17
+OPSET = 18  # Split's num_outputs
 
 
 def _config(hf_dir: Path) -> dict:
@@ -100,10 +101,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         nodes.append(helper.make_node(op, ins, outs, name=name, domain=domain or None, **attrs))
         return outs[0] if len(outs) == 1 else outs
 
-    def linear(x: str, key: str, name: str) -> str:
-        y = node("MatMul", [x, init(key + ".weight_T", w[key + ".weight"].T)], [name + "/out"], name + "/MatMul")
-        if key + ".bias" in w:
-            y = node("Add", [y, init(key + ".bias", w[key + ".bias"])], [name + "/bias_out"], name + "/Add")
+    def linear(x: str, keys: list[str], name: str) -> str:
+        """x @ W^T (+ b) for the weights `keys` stacked along the output dim: one MatMul."""
+        weight = np.concatenate([w[k + ".weight"] for k in keys], axis=0)
+        y = node("MatMul", [x, init(name + ".weight_T", weight.T)], [name + "/out"], name + "/MatMul")
+        if keys[0] + ".bias" in w:
+            bias = np.concatenate([w[k + ".bias"] for k in keys])
+            y = node("Add", [y, init(name + ".bias", bias)], [name + "/bias_out"], name + "/Add")
         return y
 
     cos, sin = rope_cache(cfg, head_dim, n_pos)
@@ -123,31 +127,31 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
                                      [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
                                      domain="com.microsoft", epsilon=eps)
-        q = linear(h, f"{p}.self_attn.q_proj", f"/{p}/attn/q_proj")
-        k = linear(h, f"{p}.self_attn.k_proj", f"/{p}/attn/k_proj")
-        v = linear(h, f"{p}.self_attn.v_proj", f"/{p}/attn/v_proj")
+        # q, k and v in one MatMul: GroupQueryAttention takes the packed [q; k; v] rows
+        qkv = linear(h, [f"{p}.self_attn.{x}_proj" for x in "qkv"], f"/{p}/attn/qkv_proj")
         pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         ok, ov = f"present.{i}.key", f"present.{i}.value"
         attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
                      scale=float(head_dim) ** -0.5)
         if window > 0:
             attrs["local_window_size"] = window
-        a = node("GroupQueryAttention", [q, k, v, pk, pv, "seqlens_k", "total_sequence_length",
+        a = node("GroupQueryAttention", [qkv, "", "", pk, pv, "seqlens_k", "total_sequence_length",
                                          "cos_cache", "sin_cache"],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
         outputs += [ok, ov]
-        o = linear(a, f"{p}.self_attn.o_proj", f"/{p}/attn/o_proj")
+        o = linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
         ln2 = init(f"{p}.post_attention_layernorm.weight", w[f"{p}.post_attention_layernorm.weight"])
         h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
                                   [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
                                   domain="com.microsoft", epsilon=eps)
-        g = linear(h2, f"{p}.mlp.gate_proj", f"/{p}/mlp/gate_proj")
-        u = linear(h2, f"{p}.mlp.up_proj", f"/{p}/mlp/up_proj")
+        gu_ = linear(h2, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], f"/{p}/mlp/gate_up_proj")
+        g, u = node("Split", [gu_], [f"/{p}/mlp/gate", f"/{p}/mlp/up"], f"/{p}/mlp/Split", axis=-1,
+                    num_outputs=2)
         sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
         act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
         gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
-        pending = linear(gu, f"{p}.mlp.down_proj", f"/{p}/mlp/down_proj")
+        pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
     norm = init("model.norm.weight", w["model.norm.weight"])
     hn = node("SkipSimplifiedLayerNormalization", [pending, residual, norm], ["/model/norm/out"],
               "/model/norm", domain="com.microsoft", epsilon=eps)

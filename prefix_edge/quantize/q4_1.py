@@ -33,20 +33,21 @@ def q4_1_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q.clip(0, 15).astype(np.uint8), d.astype(np.float32), lo.astype(np.float32)
 
 
-def apply(model, node_names: list[str], accuracy_level: int) -> int:
+def apply(model, node_names: list[str], accuracy_level: int) -> list[str]:
     """Replace each MatMul in `node_names` (fp32 initializer B [K, N], K % 32 == 0) by the Q4_1
-    form above; returns how many were replaced."""
+    form above; returns the names of those replaced."""
     from onnx import helper, numpy_helper
 
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     order = list(g.node)
     sums: dict[str, str] = {}  # input tensor -> its block sums
-    done = 0
+    done = []
     new_nodes = []
     for node in order:
         b = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if node.name not in node_names or b is None or len(b.dims) != 2 or b.dims[0] % BLOCK:
+        shared = b is not None and sum(b.name in n.input for n in order) > 1
+        if node.name not in node_names or b is None or shared or len(b.dims) != 2 or b.dims[0] % BLOCK:
             new_nodes.append(node)
             continue
         w = numpy_helper.to_array(b)
@@ -76,7 +77,7 @@ def apply(model, node_names: list[str], accuracy_level: int) -> int:
             helper.make_node("MatMul", [sums[x], base + "_mins"], [y + "/min"], name=base + "/MinMatMul"),
             helper.make_node("Add", [y + "/dq", y + "/min"], [y], name=base + "/MinAdd")]
         g.initializer.remove(b)
-        done += 1
+        done.append(node.name)
     g.ClearField("node")
     g.node.extend(new_nodes)
     return done
