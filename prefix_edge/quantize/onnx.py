@@ -2,8 +2,8 @@
 
 - int4 (Int4Recipe; default chosen by the trained demo tasks' held-out scores, README
   "Choosing the quantization"): the decoder's MatMuls as GGUF Q4_1 (MatMulNBits + per-block
-  minimum, quantize/q4_1.py), LM head as 8-bit MatMulNBits and embedding as 8-bit
-  GatherBlockQuantized (llama.cpp's Q8_0), accuracy_level 4. Activations are quantized per row
+  minimum, quantize/q4_1.py), LM head as 4-bit MatMulNBits (block 32, symmetric) and embedding
+  as 8-bit GatherBlockQuantized (llama.cpp's Q8_0), accuracy_level 4. Activations are quantized per row
   block, so prefilling P+U tokens or P then U gives the same numbers: baked prefixes stay exact.
 - int8: dynamic (DynamicQuantizeLinear + MatMulInteger). One activation scale per input tensor,
   so a baked prefix and a full prefill see different scales: not exact (see README).
@@ -37,7 +37,7 @@ class Int4Recipe:
     sym: bool = True
     acc: int = 4
     embed: int = 8
-    head: int = 8
+    head: int = 4
     q41: bool = True
 
     @classmethod
