@@ -73,7 +73,7 @@ def test_default_recipe_ops(fp32_graph, tmp_path):
     attrs = lambda n: {a.name: a.i for a in n.attribute}  # noqa: E731
     nbits = [n for n in g.node if n.op_type == "MatMulNBits"]
     head = [n for n in nbits if "lm_head" in n.name]
-    assert len(head) == 1 and attrs(head[0])["bits"] == 4
+    assert len(head) == 1 and attrs(head[0])["bits"] == 8
     body = [n for n in nbits if n not in head]
     assert len(body) == 2 * 4 and all(attrs(n)["bits"] == 4 and attrs(n)["accuracy_level"] == 4 for n in body)
     emb = [n for n in g.node if n.op_type == "GatherBlockQuantized"]
@@ -91,5 +91,5 @@ def test_bad_recipes_refused(spec):
 
 
 def test_recipe_defaults():
-    assert Int4Recipe.parse("int4") == Int4Recipe(block=32, sym=True, acc=4, embed=8, head=4, q41=True)
+    assert Int4Recipe.parse("int4") == Int4Recipe(block=32, sym=True, acc=4, embed=8, head=8, q41=True)
     assert Int4Recipe.parse("int4:q41=0,head=4,embed=4") == Int4Recipe(embed=4, head=4, q41=False)

@@ -2,8 +2,8 @@
 
 - int4 (Int4Recipe; default chosen by the trained demo tasks' held-out scores, README
   "Choosing the quantization"): the decoder's MatMuls as GGUF Q4_1 (MatMulNBits + per-block
-  minimum, quantize/q4_1.py), LM head as 4-bit MatMulNBits (block 32, symmetric) and embedding
-  as 8-bit GatherBlockQuantized (llama.cpp's Q8_0), accuracy_level 4. Activations are quantized per row
+  minimum, quantize/q4_1.py), LM head as 8-bit MatMulNBits and embedding as 8-bit
+  GatherBlockQuantized (both llama.cpp's Q8_0: the default model's own types), accuracy_level 4. Activations are quantized per row
   block, so prefilling P+U tokens or P then U gives the same numbers: baked prefixes stay exact.
 - int8: dynamic (DynamicQuantizeLinear + MatMulInteger). One activation scale per input tensor,
   so a baked prefix and a full prefill see different scales: not exact (see README).
@@ -37,7 +37,7 @@ class Int4Recipe:
     sym: bool = True
     acc: int = 4
     embed: int = 8
-    head: int = 4
+    head: int = 8
     q41: bool = True
 
     @classmethod
@@ -78,6 +78,8 @@ def _int4(src: Path, dst: Path, r: Int4Recipe) -> None:
     if r.q41:
         from .q4_1 import apply
 
+        if r.head == 4:  # a 4-bit head in the Q4_1 form too (its float minimum fits better)
+            body, head = body + head, []
         done = apply(model, body, r.acc)
         body = [n for n in body if n not in done]  # e.g. an input dim that is no multiple of 32
     passes = [(4, r.block, r.sym, body, ("MatMul",))] if body else []
