@@ -29,6 +29,22 @@ def test_default_bundle_has_the_demo_tasks(home):
     assert len(lengths) >= 4 and sum(n >= 200 for n in lengths.values()) >= 2, lengths
 
 
+def test_default_int4_tracks_transformers(home):
+    """The export's fidelity probes on the real model: the ONNX int4 recipe (Q4_1 body, 8-bit
+    embedding and head) gives transformers fp32's first token on every probe (measured: also its
+    8 greedy tokens on 4 of 4), and no fidelity warning is recorded for either backend."""
+    from pathlib import Path
+
+    from prefix_edge.bundle import Manifest
+
+    m = Manifest.read(Path(home["PREFIX_EDGE_HOME"]) / "bundles" / "smollm2-135m")
+    fid = m.extra["fidelity"]
+    assert fid["onnx"]["first_token_agrees"] == fid["onnx"]["probes"] >= 4, fid
+    assert fid["onnx"]["greedy_8_agrees"] >= fid["onnx"]["probes"] - 1, fid
+    assert fid["gguf"]["first_token_agrees"] == fid["gguf"]["probes"], fid
+    assert not any("fidelity" in w for w in m.extra.get("warnings", []))
+
+
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
 def test_longest_task_baked_equals_prefilled(home, backend):
     info = json.loads(cli("inspect", "--json", env=home).stdout)

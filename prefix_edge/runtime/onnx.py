@@ -80,6 +80,7 @@ class OnnxBackend:
         self.past: list[np.ndarray] = []
         self.pos = 0
         self.seqs: dict[int, tuple[list, int]] = {}
+        self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
 
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:
@@ -137,8 +138,7 @@ class OnnxBackend:
         """A new sequence's (past, position): the prefix's KV or none."""
         n = 0 if prefix is None else prefix.n_tokens
         if self.shared:
-            buf = KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype,
-                           min(self.n_ctx, _round(n + GROW_MIN)))
+            buf = self._buffer(min(self.n_ctx, _round(n + GROW_MIN)))
             if prefix is not None:
                 for a, kv in zip(buf.arrays, prefix.kv):
                     a[:, :, :n] = kv
@@ -148,13 +148,34 @@ class OnnxBackend:
         empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
         return [empty] * len(self.past_names), 0
 
+    def _buffer(self, capacity: int) -> "KvBuffer":
+        """A KV buffer of at least `capacity` positions: a spare one (its pages already mapped:
+        a fresh one costs a page fault per 4 KB on first write) or a new one."""
+        fits = [b for b in self._spare if b.capacity >= capacity]
+        if fits:
+            buf = min(fits, key=lambda b: b.capacity)
+            self._spare.remove(buf)
+            return buf
+        return KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype, capacity)
+
+    def _recycle(self, past) -> None:
+        """Keep a dropped sequence's buffer as a spare (at most SPARE_BUFFERS, SPARE_BYTES)."""
+        if not isinstance(past, KvBuffer):
+            return
+        self._spare.append(past)
+        self._spare.sort(key=lambda b: -b.nbytes)
+        while len(self._spare) > SPARE_BUFFERS or sum(b.nbytes for b in self._spare) > SPARE_BYTES:
+            self._spare.pop(0)  # the biggest goes first
+
     def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
+        if seq in self.seqs:
+            self._recycle(self.seqs[seq][0])
         self.seqs[seq] = self._start(prefix)
         return self.seqs[seq][1]
 
     def seq_copy(self, src: int, dst: int) -> None:
         past, pos = self.seqs[src]
-        self.seqs[dst] = (past.resized(pos, past.capacity) if self.shared else list(past), pos)
+        self.seqs[dst] = (past.resized(pos, self._buffer(past.capacity)) if self.shared else list(past), pos)
 
     def kv_bytes(self) -> int:
         """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays
@@ -169,7 +190,8 @@ class OnnxBackend:
         return total
 
     def seq_free(self, seq: int) -> None:
-        self.seqs.pop(seq, None)
+        if seq in self.seqs:
+            self._recycle(self.seqs.pop(seq)[0])
 
     def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
         out = []
@@ -184,6 +206,7 @@ class OnnxBackend:
 
     # -- one sequence (export, bench, parity tests) ---------------------------------------
     def begin(self, prefix: Prefix | None) -> None:
+        self._recycle(self.past)
         self.past, self.pos = self._start(prefix)
 
     def prefill(self, ids: np.ndarray) -> np.ndarray:
@@ -228,7 +251,10 @@ class OnnxBackend:
     def _run_shared(self, buf: "KvBuffer", pos: int, ids: np.ndarray):
         n = ids.shape[1]
         if pos + n > buf.capacity:
-            buf = buf.resized(pos, min(self.n_ctx, _round(max(pos + n + GROW_MIN, buf.capacity * 3 // 2))))
+            old = buf
+            buf = old.resized(pos, self._buffer(min(self.n_ctx, _round(max(pos + n + GROW_MIN,
+                                                                          old.capacity * 3 // 2)))))
+            self._recycle(old)
         b = self.session.io_binding()
         b.bind_output("logits", "cpu")
         b.bind_cpu_input("input_ids", ids)
@@ -250,9 +276,11 @@ class OnnxBackend:
         self.session = None
         self.past = []
         self.seqs = {}
+        self._spare = []
 
 
 GROW_MIN = 64  # positions a buffer has beyond its sequence when made or grown
+SPARE_BUFFERS, SPARE_BYTES = 2, 128 << 20  # freed buffers kept for reuse
 
 
 def _round(n: int, to: int = 64) -> int:
@@ -268,13 +296,12 @@ class KvBuffer:
         import onnxruntime as ort
 
         self.capacity = capacity
+        self.nbytes = n * n_kv * capacity * head_dim * np.dtype(dtype).itemsize
         self.arrays = [np.zeros((1, n_kv, capacity, head_dim), dtype) for _ in range(n)]
         self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
 
-    def resized(self, pos: int, capacity: int) -> "KvBuffer":
-        """A new buffer of `capacity` holding this one's first `pos` positions."""
-        a0 = self.arrays[0]
-        out = KvBuffer(len(self.arrays), a0.shape[1], a0.shape[3], a0.dtype, capacity)
+    def resized(self, pos: int, out: "KvBuffer") -> "KvBuffer":
+        """`out` (a buffer of the new capacity) holding this one's first `pos` positions."""
         for src, dst in zip(self.arrays, out.arrays):
             dst[:, :, :pos] = src[:, :, :pos]
         return out
