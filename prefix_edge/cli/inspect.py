@@ -79,7 +79,8 @@ def inspect(
     typer.echo(f"model      {mi.source}: {mi.architecture}, {mi.n_layers} layers, {mi.n_heads} heads / "
                f"{mi.n_kv_heads} KV heads × {mi.head_dim}, vocab {mi.vocab_size}, context {mi.n_ctx}")
     for k, b in summary["backends"].items():
-        typer.echo(f"backend    {k}: {b['quantization']}, KV {b['kv_dtype']}, {b['bytes'] / 1e6:.1f} MB, "
+        graph = f"{m.extra['onnx_builder']} graph, " if k == "onnx" and m.extra.get("onnx_builder") else ""
+        typer.echo(f"backend    {k}: {graph}{b['quantization']}, KV {b['kv_dtype']}, {b['bytes'] / 1e6:.1f} MB, "
                    f"fingerprint {b['fingerprint'][:16]}")
     for k, t in sorted(m.tasks.items()):
         size = summary["tasks"][k]["bytes"]
