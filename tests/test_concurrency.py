@@ -136,7 +136,7 @@ def test_abandoned_stream_frees_its_sequence(bundle_int4, reference):
 
 def test_generate_timeout(bundle_int4):
     with Runtime.open(bundle_int4, backend="onnx") as rt:
-        r = rt.generate("raw", INPUTS[0], max_tokens=10_000, timeout=0.05)
+        r = rt.generate("raw", INPUTS[0], max_tokens=10_000, timeout=0.05, **_no_eos(rt))
         assert r.stats.finish_reason in ("timeout", "length") and r.stats.generated_tokens < 10_000
         with pytest.raises(PrefixEdgeError, match="timeout"):
             rt.generate("raw", INPUTS[0], timeout=0)
