@@ -37,11 +37,6 @@ def run_all(bundle: Path, backends: list[str], threads: int, log=print) -> dict:
     return report
 
 
-def onnx_kv_bytes(be) -> int:
-    """Bytes of KV the ONNX backend's sequences hold (runtime/onnx.py OnnxBackend.kv_bytes)."""
-    return be.kv_bytes()
-
-
 def used_cells(be) -> int:
     import llama_cpp as L
 
@@ -103,7 +98,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48) -> dict:
                 return {"requests": len(own), "used_cells": used, "own_cells": sum(own),
                         "shared_cells": used - sum(own),
                         "own_bytes": sum(own) * sched.backend.bytes_per_cell}
-            return {"requests": len(own), "kv_bytes": onnx_kv_bytes(sched.backend)}
+            return {"requests": len(own), "kv_bytes": sched.backend.kv_bytes()}
 
         snaps = {}
         for n in (1, 8):

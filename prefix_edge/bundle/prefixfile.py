@@ -125,18 +125,16 @@ def encode_kv(kv: dict[str, np.ndarray], store: str) -> tuple[dict[str, np.ndarr
         raise PrefixEdgeError(f"unknown prefix store {store!r}; choose one of {', '.join(KV_STORES)}")
     if store == "f32":
         return dict(kv), {}
+    from ..quantize.blocks import q8_0
+
     out = {}
     for name, a in kv.items():
         a = np.asarray(a, np.float32)
         if store == "f16":
             out[name] = a.astype(np.float16)
             continue
-        block = _q8_block(a.shape[-1])
-        blocks = a.reshape(*a.shape[:-1], -1, block)
-        scale = (np.abs(blocks).max(-1) / 127).astype(np.float16)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.nan_to_num(np.round(blocks / scale.astype(np.float32)[..., None]))
-        out[name] = q.clip(-127, 127).astype(np.int8).reshape(a.shape)
+        q, scale = q8_0(a, _q8_block(a.shape[-1]), np.float16)
+        out[name] = q.reshape(a.shape)
         out[name + ".scale"] = scale
     return out, {"kv_store": store}
 

@@ -52,7 +52,7 @@ class Int4Recipe:
                 raise PrefixEdgeError(f"{spec!r}: {item!r} is not KEY=NUMBER with KEY one of "
                                       f"{', '.join(cls.__dataclass_fields__)}")
             fields[key] = bool(int(value)) if key in ("sym", "q41") else int(value)
-        r = cls(**{**vars(cls()), **fields}) if fields else cls()
+        r = cls(**fields)
         if r.block not in (16, 32, 64, 128, 256) or r.acc not in (0, 1, 2, 3, 4) \
                 or r.embed not in (4, 8, 32) or r.head not in (4, 8, 32):
             raise PrefixEdgeError(f"{spec!r}: block is 16..256 (a power of two), acc 0..4, "
@@ -149,6 +149,8 @@ def _gather_q8(model, node_name: str, block: int = 32) -> None:
     import numpy as np
     from onnx import helper, numpy_helper
 
+    from .blocks import q8_0
+
     g = model.graph
     node = next(n for n in g.node if n.name == node_name)
     init = next(i for i in g.initializer if i.name == node.input[0])
@@ -156,11 +158,8 @@ def _gather_q8(model, node_name: str, block: int = 32) -> None:
     shared = sum(i == init.name for n in g.node for i in n.input) > 1
     if w.ndim != 2 or w.shape[1] % block or shared:
         return  # not a [vocab, hidden] table in whole blocks, or tied to another node: left fp32
-    blocks = w.reshape(w.shape[0], -1, block)
-    scale = np.abs(blocks).max(-1) / 127
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.nan_to_num(np.round(blocks / scale[..., None])).clip(-127, 127)
-    data = (q + 128).astype(np.uint8).reshape(w.shape)
+    q, scale = q8_0(w, block)
+    data = (q.astype(np.int16) + 128).astype(np.uint8).reshape(w.shape)
     prefix = init.name
     g.initializer.remove(init)
     g.initializer.extend([numpy_helper.from_array(data, prefix + "_Q8"),

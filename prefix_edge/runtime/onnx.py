@@ -129,11 +129,12 @@ class OnnxBackend:
         write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
-    # A sequence is its list of past tensors and its length. A restored prefix's arrays are
-    # shared (read-only) by every sequence of that task until its first forward; each forward
-    # returns new present tensors (the graph concatenates past + new), so from then on a
-    # sequence holds its own copy. Sequences run one after another: one row per run keeps every
-    # request bit-identical to running alone (see runtime/scheduler.py).
+    # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
+    # in at restore; the graph extends the buffer in place; freed buffers become spares).
+    # optimum's graph: a list of past tensors; a restored prefix's arrays are shared (read-only)
+    # by every sequence of that task until its first forward, which returns new present tensors.
+    # Sequences run one after another: one row per run keeps every request bit-identical to
+    # running alone (see runtime/scheduler.py).
     def _start(self, prefix: Prefix | None) -> tuple:
         """A new sequence's (past, position): the prefix's KV or none."""
         n = 0 if prefix is None else prefix.n_tokens
