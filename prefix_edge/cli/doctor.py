@@ -13,35 +13,7 @@ from typing import Optional
 import typer
 
 from . import app
-
-# CPU features that decide which llama.cpp / ORT kernels can run.
-_X86 = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16",
-        "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
-_ARM = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
-
-
-def cpu_features() -> list[str]:
-    """The relevant flags the OS reports (Linux /proc/cpuinfo; macOS sysctl)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key = line.split(":")[0].strip().lower()
-        if key in ("flags", "features"):
-            have = set(line.split(":", 1)[1].split())
-            return [f for f in (*_X86, *_ARM) if f in have]
-    if sys.platform == "darwin":
-        import subprocess
-
-        try:
-            out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.SubprocessError):
-            return []
-        return sorted({ln.split(":")[0].rsplit(".", 1)[-1].lower() for ln in out.splitlines()
-                       if ln.startswith("hw.optional.") and ln.rstrip().endswith(": 1")})
-    return []
-
+from ..runtime.cpus import cpu_features
 
 def _version(dist: str) -> str:
     try:

@@ -23,6 +23,41 @@ SYS_CPU = Path("/sys/devices/system/cpu")
 CGROUP = Path("/sys/fs/cgroup")
 
 
+# CPU features that decide which llama.cpp / ORT kernels can run.
+_X86 = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16",
+        "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+_ARM = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
+
+
+def cpu_flags() -> frozenset[str]:
+    """Every feature flag the OS reports for this CPU (Linux /proc/cpuinfo; macOS sysctl
+    hw.optional.*); empty when unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key = line.split(":")[0].strip().lower()
+        if key in ("flags", "features"):
+            return frozenset(line.split(":", 1)[1].split())
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return frozenset()
+        return frozenset(ln.split(":")[0].rsplit(".", 1)[-1].lower() for ln in out.splitlines()
+                         if ln.startswith("hw.optional.") and ln.rstrip().endswith(": 1"))
+    return frozenset()
+
+
+def cpu_features() -> list[str]:
+    """The flags that decide which llama.cpp / ORT kernels run (all of them on macOS)."""
+    have = cpu_flags()
+    if platform.system() == "Darwin" and not Path("/proc/cpuinfo").exists():
+        return sorted(have)
+    return [f for f in (*_X86, *_ARM) if f in have]
+
+
 @dataclass(frozen=True)
 class CpuBudget:
     threads: int          # what the engines use by default

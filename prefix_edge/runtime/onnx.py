@@ -50,16 +50,7 @@ class OnnxBackend:
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-        providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(model_path), opts, providers=providers)
-        except Exception as e:  # ORT raises its own types; give one line
-            raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
+        self.session, self.session_source = self._session(Path(model_path), device, threads)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
                                  key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
@@ -81,6 +72,56 @@ class OnnxBackend:
         self.pos = 0
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
+
+    @staticmethod
+    def _session(model_path: Path, device: str, threads: int | None):
+        """An InferenceSession of the model and where it came from: "cache" (this machine's
+        saved optimized, prepacked form of it: runtime/ort_cache.py), "saved" (built from the
+        model and saved to that cache) or "model" (built from the model; GPU, cache off)."""
+        import onnxruntime as ort
+
+        from . import ort_cache
+
+        def options(optimize: bool = True):
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                             else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+            if threads:
+                opts.intra_op_num_threads = threads
+                opts.inter_op_num_threads = 1
+            return opts
+
+        providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
+        sha = None
+        if device == "cpu" and ort_cache.enabled():
+            from ..bundle.verify import file_hashes
+
+            try:
+                sha = file_hashes(model_path.parent, [model_path.name])[model_path.name]
+            except PrefixEdgeError:
+                sha = None  # a missing file: the plain open below says so
+        if sha:
+            cached = ort_cache.cached_model(sha)
+            if cached is not None:
+                try:
+                    return ort.InferenceSession(str(cached), options(optimize=False), providers=providers), "cache"
+                except Exception:  # noqa: BLE001 - a cache entry ORT refuses is dropped and rebuilt
+                    ort_cache.drop(sha)
+            opts = options()
+            opts.log_severity_level = 3  # not ORT's warning that the saved form fits this machine only
+            staging = ort_cache.save_options(opts, sha)
+            if staging is not None:
+                try:
+                    session = ort.InferenceSession(str(model_path), opts, providers=providers)
+                except Exception:  # noqa: BLE001 - saving failed (disk full?): open it plainly below
+                    ort_cache.discard(staging)
+                else:
+                    ort_cache.publish(staging, sha)
+                    return session, "saved"
+        try:
+            return ort.InferenceSession(str(model_path), options(), providers=providers), "model"
+        except Exception as e:  # ORT raises its own types; give one line
+            raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
 
     # -- prefix files ---------------------------------------------------------------------
     def load_prefix(self, path: Path) -> Prefix:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import time
 from dataclasses import asdict, dataclass
@@ -124,6 +123,8 @@ class AsyncStream:
     async def __anext__(self) -> str:
         if self._s.done:
             raise StopAsyncIteration
+        import asyncio  # already loaded where a loop runs; not at every runtime import
+
         loop = asyncio.get_running_loop()
         try:
             kind, value = await loop.run_in_executor(None, self._s._req.events.get)

@@ -1,0 +1,105 @@
+"""This machine's cache of ONNX Runtime's optimized, prepacked model (runtime/ort_cache.py):
+the first open saves it, later opens load it, and either way every logit is the same as a
+session built from the model itself; an edited entry is rebuilt, never used."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from prefix_edge.runtime import ort_cache
+from prefix_edge.runtime.onnx import OnnxBackend
+
+IDS = np.array([5, 17, 42, 99, 7, 3, 250, 12], np.int64)
+
+
+def _model(bundle):
+    return next((bundle / "onnx").glob("*.onnx"))
+
+
+def _run(be, steps: int = 12) -> tuple[list[np.ndarray], list[int]]:
+    """Prefill IDS, then greedy steps: every step's logits and the tokens."""
+    be.begin(None)
+    logits = [be.prefill(IDS)]
+    toks = []
+    for _ in range(steps):
+        toks.append(int(np.argmax(logits[-1])))
+        logits.append(be.step(toks[-1]))
+    return logits, toks
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIX_EDGE_HOME", str(tmp_path))
+    monkeypatch.delenv("PREFIX_EDGE_ORT_CACHE", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("bundle", ["bundle_int4", "bundle_optimum"])
+def test_cached_session_is_bit_identical(request, home, monkeypatch, bundle):
+    path = _model(request.getfixturevalue(bundle))
+    shutil.rmtree(home / "ort-cache", ignore_errors=True)  # the bundle's export may have made one
+    monkeypatch.setenv("PREFIX_EDGE_ORT_CACHE", "0")
+    plain = OnnxBackend(path, threads=2)
+    assert plain.session_source == "model"
+    want, want_toks = _run(plain)
+    assert not (home / "ort-cache").exists()
+
+    monkeypatch.delenv("PREFIX_EDGE_ORT_CACHE")
+    first = OnnxBackend(path, threads=2)
+    assert first.session_source == "saved"
+    (entry,) = [d for d in (home / "ort-cache").iterdir()]
+    assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "model.onnx.data"]
+    second = OnnxBackend(path, threads=2)
+    assert second.session_source == "cache"
+    for be in (first, second):
+        got, toks = _run(be)
+        assert toks == want_toks
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_edited_entry_is_rebuilt_not_used(bundle_int4, home):
+    path = _model(bundle_int4)
+    want, _ = _run(OnnxBackend(path, threads=2))  # saves the entry
+    (entry,) = list((home / "ort-cache").iterdir())
+    data = entry / "model.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size; the stat identity (mtime/ctime) changes
+    data.write_bytes(bytes(raw))
+    be = OnnxBackend(path, threads=2)
+    assert be.session_source == "saved"  # the edited entry was dropped and made again
+    got, _ = _run(be)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert OnnxBackend(path, threads=2).session_source == "cache"
+
+    # an entry whose record does not parse, or that lacks a file, is dropped as well
+    (entry / "entry.json").write_text("{not json")
+    assert OnnxBackend(path, threads=2).session_source == "saved"
+    os.remove(entry / "model.onnx")
+    assert OnnxBackend(path, threads=2).session_source == "saved"
+    assert json.loads((entry / "entry.json").read_text())["format"] == ort_cache.CACHE_FORMAT
+
+
+def test_entry_key_follows_model_runtime_and_cpu(monkeypatch):
+    a = ort_cache.entry_key("0" * 64)
+    assert a == ort_cache.entry_key("0" * 64)
+    assert a != ort_cache.entry_key("1" * 64)
+    from prefix_edge.runtime import cpus
+
+    monkeypatch.setattr(cpus, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # another CPU
+    b = ort_cache.entry_key("0" * 64)
+    monkeypatch.setattr(cpus, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
+    assert len({a, b, ort_cache.entry_key("0" * 64)}) == 3
+
+
+def test_cache_keeps_the_most_recent_entries(bundle_int4, bundle_fp32, bundle_optimum, home, monkeypatch):
+    monkeypatch.setattr(ort_cache, "KEEP", 2)
+    for b in (bundle_int4, bundle_fp32, bundle_optimum):
+        OnnxBackend(_model(b), threads=2)
+    assert len(list((home / "ort-cache").iterdir())) == 2
+    assert OnnxBackend(_model(bundle_optimum), threads=2).session_source == "cache"
+    assert OnnxBackend(_model(bundle_int4), threads=2).session_source == "saved"  # evicted first
