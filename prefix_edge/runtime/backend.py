@@ -42,6 +42,7 @@ class Prefix:
     nbytes: int
     n_virtual: int = 0
     checked_by: Any = None  # the backend whose load_prefix already validated `kv`, if any
+    home: Any = None  # onnx fused graph: (backend ref, KV buffer whose first positions hold `kv`)
 
     @property
     def n_tokens(self) -> int:

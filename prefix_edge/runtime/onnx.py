@@ -16,6 +16,7 @@ graph's KV dtype, `prefix_ids` [P] int64, and metadata {fingerprint, task, backe
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,7 @@ class OnnxBackend:
         self.pos = 0
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
+        self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
 
     @staticmethod
     def _session(model_path: Path, device: str, threads: int | None):
@@ -177,13 +179,27 @@ class OnnxBackend:
     # Sequences run one after another: one row per run keeps every request bit-identical to
     # running alone (see runtime/scheduler.py).
     def _start(self, prefix: Prefix | None) -> tuple:
-        """A new sequence's (past, position): the prefix's KV or none."""
+        """A new sequence's (past, position): the prefix's KV or none.
+
+        Fused graph: the first sequence of a prefix copies it into a buffer that becomes the
+        prefix's home: the prefix's arrays are then views of that buffer's first P positions,
+        which no forward writes (GQA appends after them). While no sequence holds it, the next
+        sequence of that prefix takes the home as it is: a task switch copies nothing."""
         n = 0 if prefix is None else prefix.n_tokens
         if self.shared:
+            home = prefix.home if prefix is not None and prefix.home is not None and \
+                prefix.home[0]() is self else None
+            if home is not None and not home[1].busy:
+                home[1].busy = True
+                return home[1], n
             buf = self._buffer(min(self.n_ctx, _round(n + GROW_MIN)))
             if prefix is not None:
                 for a, kv in zip(buf.arrays, prefix.kv):
                     a[:, :, :n] = kv
+                if prefix.home is None:
+                    prefix.home = (weakref.ref(self), buf)
+                    prefix.kv = [a[:, :, :n] for a in buf.arrays]  # the loaded arrays go
+                    self._homes.append((weakref.ref(prefix), buf))
             return buf, n
         if prefix is not None:
             return list(prefix.kv), n
@@ -193,17 +209,30 @@ class OnnxBackend:
     def _buffer(self, capacity: int) -> "KvBuffer":
         """A KV buffer of at least `capacity` positions: a spare one (its pages already mapped:
         a fresh one costs a page fault per 4 KB on first write) or a new one."""
+        alive = []
+        for ref, buf in self._homes:  # homes of prefixes gone (not held by a sequence) are spares
+            if ref() is not None:
+                alive.append((ref, buf))
+            elif not buf.busy:
+                self._recycle(buf)
+        self._homes = alive
         fits = [b for b in self._spare if b.capacity >= capacity]
         if fits:
             buf = min(fits, key=lambda b: b.capacity)
             self._spare.remove(buf)
-            return buf
-        return KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype, capacity)
+        else:
+            buf = KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype, capacity)
+        buf.busy = True
+        return buf
 
     def _recycle(self, past) -> None:
         """Keep a dropped sequence's buffer as a spare (at most SPARE_BUFFERS, SPARE_BYTES)."""
         if not isinstance(past, KvBuffer):
             return
+        past.busy = False
+        if any(buf is past and ref() is not None for ref, buf in self._homes):
+            return  # a live prefix's home: kept for that prefix's next sequence
+        self._homes = [(ref, buf) for ref, buf in self._homes if buf is not past]
         self._spare.append(past)
         self._spare.sort(key=lambda b: -b.nbytes)
         while len(self._spare) > SPARE_BUFFERS or sum(b.nbytes for b in self._spare) > SPARE_BYTES:
@@ -319,6 +348,7 @@ class OnnxBackend:
         self.past = []
         self.seqs = {}
         self._spare = []
+        self._homes = []
 
 
 GROW_MIN = 64  # positions a buffer has beyond its sequence when made or grown
@@ -338,6 +368,7 @@ class KvBuffer:
         import onnxruntime as ort
 
         self.capacity = capacity
+        self.busy = False  # held by a sequence
         self.nbytes = n * n_kv * capacity * head_dim * np.dtype(dtype).itemsize
         self.arrays = [np.zeros((1, n_kv, capacity, head_dim), dtype) for _ in range(n)]
         self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
