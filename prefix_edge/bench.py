@@ -71,7 +71,10 @@ class Bench:
     def open(self, backend: str, n_ctx: int):
         from .runtime.backend import open_backend
 
-        return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx)
+        from .runtime.generate import gguf_state_options
+
+        extra = gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
+        return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx, **extra)
 
     def bake(self, be, ids: np.ndarray, name: str) -> Path:
         path = self.tmp / f"{be.name}-{name}.safetensors"

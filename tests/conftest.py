@@ -61,7 +61,7 @@ max_tokens = 16
 INPUTS = ["my sync stopped", "naïve café 🚀 order 12 mugs", "def f(x): return x"]
 
 
-def build_tiny_model(out: Path, seed: int = 0) -> Path:
+def build_tiny_model(out: Path, seed: int = 0, hidden: int = 64) -> Path:
     """A seeded random LlamaForCausalLM (4 query heads, 2 KV heads) with a byte-level BPE
     tokenizer trained on a small corpus and a ChatML chat template."""
     import torch
@@ -82,7 +82,7 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     fast.chat_template = CHATML
     fast.save_pretrained(str(out))
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128,
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-5,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
@@ -130,6 +130,16 @@ def bundle_fp32(tiny_model, tasks_file, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def bundle_int4(tiny_model, tasks_file, tmp_path_factory) -> Path:
     return _export(tiny_model, tasks_file, tmp_path_factory.mktemp("b") / "int4", "int4", "q8_0")
+
+
+@pytest.fixture(scope="session")
+def bundle_q8kv(tasks_file, tmp_path_factory) -> Path:
+    """GGUF only, prefixes baked in (and run with) llama.cpp's q8_0 KV cache + flash attention;
+    the tiny model with head_dim 32 (a q8_0 cache row per head is whole 32-value blocks)."""
+    pytest.importorskip("llama_cpp")
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny32") / "model", hidden=128)
+    return _export(model, tasks_file, tmp_path_factory.mktemp("b") / "q8kv", "none", "f32",
+                   formats=["gguf"], gguf_kv="q8_0")
 
 
 @pytest.fixture(scope="session")

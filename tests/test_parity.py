@@ -45,7 +45,7 @@ def test_backends_agree(bundle_fp32):
 
 
 @pytest.mark.parametrize("backend, bundle", [(b, f) for b in ("onnx", "gguf") for f in ("bundle_fp32", "bundle_int4")]
-                         + [("onnx", "bundle_optimum")])
+                         + [("onnx", "bundle_optimum"), ("gguf", "bundle_q8kv")])
 def test_greedy_tokens_match_prefill(request, bundle, backend):
     path = request.getfixturevalue(bundle)
     with Runtime.open(path, backend=backend) as rt:

@@ -21,6 +21,7 @@ def export(
     gguf_quant: Optional[str] = typer.Option(None, "--gguf-quant", help="GGUF weights: keep | f32 | f16 | q8_0 | q4_k_m | q4_1 | ... (default: keep a .gguf source's type; q8_0 for an HF dir)."),
     prefix_store: str = typer.Option("f32", "--prefix-store", help="How ONNX task prefixes store their KV: f32 (exact: baked == prefilled) | f16 | q8_0 (4.3x smaller; measured agreement in the README)."),
     onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; llama/mistral/qwen2) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
+    gguf_kv: str = typer.Option("f16", "--gguf-kv", help="llama.cpp KV cache type the GGUF prefixes are baked in and the runtime computes in: f16 | q8_0 (half the prefix bytes and KV memory; runs with flash attention; measured in the README)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
 ) -> None:
     """Export a model and its tasks into a bundle with precomputed task prefixes."""
@@ -32,6 +33,6 @@ def export(
         force = force or model is None  # the default bundle is rebuilt in place
     manifest = export_bundle(model, tasks, out, formats=None if format is None else [f.strip() for f in format.split(",") if f.strip()],
                              quantize=quantize, gguf_quant=gguf_quant, force=force,
-                             prefix_store=prefix_store, onnx_builder=onnx_builder)
+                             prefix_store=prefix_store, onnx_builder=onnx_builder, gguf_kv=gguf_kv)
     typer.echo(f"bundle written to {out}")
     typer.echo(json.dumps({n: t.prefix_tokens for n, t in manifest.tasks.items()}) + " prefix tokens")

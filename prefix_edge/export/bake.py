@@ -145,7 +145,10 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
         def rows(a: np.ndarray) -> np.ndarray:  # [n_kv, V, d] -> [V, n_kv * d], F16 cells
             return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(V, -1), dtype=np.float16)
 
-        blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans)
+        from ..runtime.llama import KV_TYPES
+
+        blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans,
+                               kv_type=KV_TYPES[be.kv_type])
         state = np.frombuffer(blob, np.uint8)
         return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
     raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")

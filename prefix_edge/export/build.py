@@ -25,15 +25,17 @@ ONNX_BUILDERS = ("own", "optimum")  # export/onnx_graph.py (fused ops) | optimum
 DEFAULT_ONNX_QUANT = "int4"  # exact baked prefixes, smallest, fastest: see README
 DEFAULT_GGUF_QUANT = "q8_0"  # for HF sources; a .gguf source is kept as it is: see README
 KEEP = "keep"
+GGUF_KV_TYPES = ("f16", "q8_0")  # runtime/llama.py KV_TYPES (not imported: llama_cpp may be absent)
 
 
 def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
                   formats=None, quantize: str = DEFAULT_ONNX_QUANT,
                   gguf_quant: str | None = None, force: bool = False,
                   progress: bool = True, prefix_store: str = "f32",
-                  onnx_builder: str = "own") -> Manifest:
+                  onnx_builder: str = "own", gguf_kv: str = "f16") -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
-    DEFAULT_GGUF_QUANT for an HF source."""
+    DEFAULT_GGUF_QUANT for an HF source. `gguf_kv`: llama.cpp's KV cache type the GGUF
+    prefixes are baked in and the runtime then computes in (f16, or q8_0 with flash attention)."""
     from ..paths import default_tasks_file
     from ..quantize.gguf import GGUF_QUANT_CHOICES
     from ..bundle.prefixfile import KV_STORES
@@ -63,6 +65,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         raise PrefixEdgeError(f"unknown ONNX builder {onnx_builder!r}; choose one of {', '.join(ONNX_BUILDERS)}")
     if prefix_store not in KV_STORES:
         raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
+    if gguf_kv not in GGUF_KV_TYPES:
+        raise PrefixEdgeError(f"unknown GGUF KV cache type {gguf_kv!r}; choose one of {', '.join(GGUF_KV_TYPES)}")
     specs = load_tasks(tasks_file)  # validate before any slow work
     out = Path(out)
     if out.exists() and not force:
@@ -78,7 +82,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     try:
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
-                              optional_gguf, prefix_store, onnx_builder)
+                              optional_gguf, prefix_store, onnx_builder, gguf_kv)
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -170,7 +174,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
            st: Stages, optional_gguf: bool = False, prefix_store: str = "f32",
-           onnx_builder: str = "own") -> Manifest:
+           onnx_builder: str = "own", gguf_kv: str = "f16") -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -249,7 +253,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
-            be = open_backend(name, root / model_file, n_ctx=n_ctx)
+            be = open_backend(name, root / model_file, n_ctx=n_ctx,
+                              **({"kv_type": gguf_kv} if name == "gguf" else {}))
             try:
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
                              store=prefix_store if name == "onnx" else None)

@@ -2,9 +2,11 @@
 
 A baked prefix is one sequence's KV as llama.cpp serialises it (`llama_state_seq_get_data`),
 restored with `llama_state_seq_set_data` after seqstate.py has walked and checked the blob:
-llama.cpp itself checks little and nothing about which model wrote it. The KV cache is F16
-(a quantized cache type also rotates K/V) and the V layout follows flash attention
-(v_trans = not flash_attn), fixed when the context is made. There is no context shift: the
+llama.cpp itself checks little and nothing about which model wrote it. The KV cache type is F16
+(the default) or Q8_0 (`kv_type="q8_0"`, half the bytes per cell; llama.cpp quantizes V only
+with flash attention, so that context runs with it), and the V layout follows flash attention
+(v_trans = not flash_attn), fixed when the context is made; the bundle records both
+(manifest `state`) and its prefixes are baked with them, so baked still equals prefilled. There is no context shift: the
 library never shifts by itself, and a full context is an error here, never a shift (a shift
 re-rotates cached keys).
 
@@ -28,9 +30,11 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
 from .backend import Prefix
-from .seqstate import GGML_TYPE_F16, SEQ_STATE_MAGIC, all_finite, check_seq_state, parse_seq_state
+from .seqstate import (GGML_TYPE_F16, GGML_TYPE_Q8_0, SEQ_STATE_MAGIC, all_finite, check_seq_state,
+                       parse_seq_state, row_bytes)
 
 STATE_FORMAT = "llama.cpp-seq-state"
+KV_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}  # KV cache types a bundle may bake with
 _LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.cpp may call it
 _BACKEND_READY = False
 
@@ -77,13 +81,19 @@ def available_devices() -> list[str]:
 
 class LlamaBackend:
     name = "gguf"
-    kv_type = "f16"
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 4096, flash_attn: bool = False, n_seq_max: int = 1,
-                 n_batch: int | None = None):
+                 n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
+                 n_batch: int | None = None, kv_type: str = "f16"):
         L = self._L = load_llama_cpp()
         self.model = self.ctx = self.batch = None
+        if kv_type not in KV_TYPES:
+            raise PrefixEdgeError(f"unknown KV cache type {kv_type!r}; choose one of: {', '.join(KV_TYPES)}")
+        if flash_attn is None:
+            flash_attn = kv_type != "f16"
+        if kv_type != "f16" and not flash_attn:
+            raise PrefixEdgeError(f"a {kv_type} KV cache needs flash attention (llama.cpp)")
+        self.kv_type = kv_type
         devices = available_devices()
         if device == "auto":
             device = devices[-1]
@@ -123,6 +133,10 @@ class LlamaBackend:
         self.rope_layout = {L.LLAMA_ROPE_TYPE_NORM: "adjacent",
                             L.LLAMA_ROPE_TYPE_NEOX: "halves"}.get(rope, f"rope type {rope}")
         self.v_trans = not flash_attn
+        if kv_type == "q8_0" and (self.head_dim % 32 or self.head_dim_v % 32):
+            self.close()
+            raise PrefixEdgeError(f"a q8_0 KV cache needs a head size that is a multiple of 32 "
+                                  f"(Q8_0 blocks per head); this model's is {self.head_dim}: use f16")
         self.state_version = state_version()
 
         cp = L.llama_context_default_params()
@@ -133,7 +147,7 @@ class LlamaBackend:
         # then shares a prefix's cells between sequences instead of copying them.
         cp.n_seq_max = n_seq_max
         cp.kv_unified = True
-        cp.type_k = cp.type_v = GGML_TYPE_F16
+        cp.type_k = cp.type_v = KV_TYPES[kv_type]
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         cp.no_perf = True
@@ -151,7 +165,9 @@ class LlamaBackend:
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
-        self.bytes_per_cell = self.n_layers * self.n_kv_heads * (self.head_dim + self.head_dim_v) * 2
+        t = KV_TYPES[kv_type]
+        self.bytes_per_cell = self.n_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
+                                               row_bytes(t, self.n_kv_heads * self.head_dim_v))
 
     # -- model facts ----------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -161,9 +177,10 @@ class LlamaBackend:
 
     def expected_state(self, n_tokens: int | None = None) -> dict:
         """What a seq-state blob for this model and context must look like."""
-        row = self.n_kv_heads * self.head_dim * 2
-        exp = {"n_layer": self.n_layers, "k_type": GGML_TYPE_F16, "v_type": GGML_TYPE_F16,
-               "k_row_bytes": row, "v_row_bytes": self.n_kv_heads * self.head_dim_v * 2,
+        t = KV_TYPES[self.kv_type]
+        exp = {"n_layer": self.n_layers, "k_type": t, "v_type": t,
+               "k_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim),
+               "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
                "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
                "max_cells": self.n_ctx}
         if n_tokens is not None:
@@ -386,11 +403,13 @@ class LlamaBackend:
         return {"format": _format_part(self.state_version), "v_trans": self.v_trans,
                 "kv_type": self.kv_type}
 
-    kv_dtype_name = "float16"
+    @property
+    def kv_dtype_name(self) -> str:
+        return {"f16": "float16"}.get(self.kv_type, self.kv_type)
 
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file."""
-        write_prefix(path, ids, self.state_blob(), metadata)
+        write_prefix(path, ids, self.state_blob(), metadata, self.kv_type)
 
     def _live(self) -> None:
         if self.ctx is None:
@@ -423,15 +442,16 @@ class LlamaBackend:
             pass
 
 
-def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str]) -> None:
+def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str],
+                 kv_type: str = "f16") -> None:
     """Write a gguf prefix file; the blob is walked first, its facts go into the metadata.
     `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     meta = {k: str(v) for k, v in metadata.items()}
     n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
     info = parse_seq_state(blob)
-    check_seq_state(info, {"cell_count": n_cells})
+    check_seq_state(info, {"cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]})
     meta.update({"backend": LlamaBackend.name, "state_format": STATE_FORMAT,
                  "state_version": state_version(), "n_layer": str(info.n_layer),
-                 "v_trans": str(int(info.v_trans)), "kv_type": "f16", "n_tokens": str(n_cells)})
+                 "v_trans": str(int(info.v_trans)), "kv_type": kv_type, "n_tokens": str(n_cells)})
     prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)

@@ -32,7 +32,8 @@ import numpy as np
 from ..errors import PrefixEdgeError
 
 SEQ_STATE_MAGIC = 0xAF143CD8
-GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 = 0, 1, 30
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 = 0, 1, 30, 8
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # ggml's block_q8_0: f16 scale d, then 32 int8 values
 _TYPE_NAMES = {GGML_TYPE_F32: "f32", GGML_TYPE_F16: "f16", GGML_TYPE_BF16: "bf16",
                2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0"}
 _MAX_SEQ = 256          # LLAMA_MAX_SEQ: a cell cannot belong to more sequences than this
@@ -92,6 +93,8 @@ class SeqStateInfo:
         lay = self.layers[0]
         if self.v_trans:
             return lay.n_embd_v_gqa
+        if lay.v_type == GGML_TYPE_Q8_0:
+            return lay.v_row_bytes // Q8_0_BYTES * Q8_0_BLOCK
         return lay.v_row_bytes // 2 if lay.v_type in (GGML_TYPE_F16, GGML_TYPE_BF16) else 0
 
 
@@ -238,10 +241,36 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
             raise bad(f"layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
 
 
+def row_bytes(ggml_type: int, n: int) -> int:
+    """Bytes of one cache row of n values in a KV type this runtime restores (f16 or q8_0)."""
+    if ggml_type == GGML_TYPE_Q8_0:
+        return n // Q8_0_BLOCK * Q8_0_BYTES
+    return 2 * n
+
+
+def q8_0_rows(a: np.ndarray) -> np.ndarray:
+    """Rows [P, n] (n % 32 == 0) as ggml's Q8_0 bytes [P, n/32*34], rounded as ggml's CPU
+    quantizer does: d = amax/127 (stored f16), q = round(x / d) with d in f32."""
+    x = np.asarray(a, np.float32)
+    p, n = x.shape
+    blocks = x.reshape(p, n // Q8_0_BLOCK, Q8_0_BLOCK)
+    d = np.abs(blocks).max(-1) / 127
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(d > 0, 1 / d, 0).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).clip(-127, 127).astype(np.int8)
+    out = np.empty((p, n // Q8_0_BLOCK, Q8_0_BYTES), np.uint8)
+    out[..., :2] = d.astype("<f2")[..., None].view(np.uint8)
+    out[..., 2:] = q.view(np.uint8)
+    return out.reshape(p, -1)
+
+
 def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
-                    seq_id: int = 0) -> bytes:
+                    seq_id: int = 0, kv_type: int = GGML_TYPE_F16) -> bytes:
     """A blob holding cells 0..P-1 of sequence `seq_id`, from per-layer float16 K and V
-    arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout)."""
+    arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout), cached as `kv_type`
+    (f16, or q8_0: V then is never transposed, as llama.cpp needs flash attention for it)."""
+    if kv_type == GGML_TYPE_Q8_0 and v_trans:
+        raise PrefixEdgeError("build_seq_state: a q8_0 cache has V untransposed (flash attention)")
     if not k or len(k) != len(v):
         raise PrefixEdgeError(f"build_seq_state: {len(k)} K layers vs {len(v)} V layers")
     arrs = [np.asarray(a) for a in (*k, *v)]
@@ -255,6 +284,11 @@ def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
     cells[:, 0], cells[:, 1], cells[:, 2] = np.arange(p), 1, seq_id
     parts = [struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, p), cells.tobytes(),
              struct.pack("<II", int(v_trans), n_layer)]
+    if kv_type == GGML_TYPE_Q8_0:
+        for a in (*k, *v):
+            rows = q8_0_rows(a)
+            parts += [struct.pack("<iQ", GGML_TYPE_Q8_0, rows.shape[1]), rows.tobytes()]
+        return b"".join(parts)
     for a in k:
         parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2").tobytes()]
     for a in v:
@@ -289,10 +323,20 @@ def extract_kv(blob, info: SeqStateInfo | None = None) -> tuple[list[np.ndarray]
 
 def all_finite(blob, info: SeqStateInfo) -> bool:
     """No NaN or infinity in the blob's K and V data (F16: all exponent bits set; tested on the
-    integer view, which is much faster than a float16 isfinite)."""
+    integer view, which is much faster than a float16 isfinite; Q8_0: in the blocks' scales)."""
     buf = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else blob.data
     n = info.cell_count
     for lay in info.layers:
+        if lay.k_type == GGML_TYPE_Q8_0 or lay.v_type == GGML_TYPE_Q8_0:
+            if info.v_trans or lay.k_type != lay.v_type:
+                return False  # llama.cpp writes q8_0 K and V together, V untransposed
+            for off, nbytes in ((lay.k_offset, n * lay.k_row_bytes), (lay.v_offset, n * lay.v_row_bytes)):
+                if nbytes % Q8_0_BYTES:
+                    return False
+                scales = np.frombuffer(buf, np.uint8, nbytes, off).reshape(-1, Q8_0_BYTES)[:, :2]
+                if np.any((np.ascontiguousarray(scales).view("<u2") & 0x7C00) == 0x7C00):
+                    return False
+            continue
         v_count = n * lay.n_embd_v_gqa if info.v_trans else n * lay.v_row_bytes // 2
         for off, count in ((lay.k_offset, n * lay.k_row_bytes // 2), (lay.v_offset, v_count)):
             if count and np.any((np.frombuffer(buf, "<u2", count, off) & 0x7C00) == 0x7C00):
