@@ -21,20 +21,6 @@ from pathlib import Path
 import numpy as np
 
 
-def greedy(be, prefix, ids, max_tokens: int, eos: set[int]) -> tuple[list[int], np.ndarray]:
-    be.begin(prefix)
-    logits = be.prefill(ids)
-    first = logits.copy()
-    out = []
-    for _ in range(max_tokens):
-        t = int(np.argmax(logits))
-        out.append(t)
-        if t in eos:
-            break
-        logits = be.step(t)
-    return out, first
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
@@ -45,6 +31,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kv_compare import greedy, teacher_forced
     from prefix_edge import Runtime
     from prefix_edge.bundle import prefixfile
     from prefix_edge.cli.eval import demo_data
@@ -53,7 +41,8 @@ def main() -> None:
     from prefix_edge.runtime.backend import Prefix
 
     stores = args.stores.split(",")
-    totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "max_dlogit": 0.0,
+    totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "forced_agree": 0,
+                  "max_dlogit": 0.0,
                   "bytes": 0, "positions": 0} for s in ["f32", *stores]}
     scores = {}
     with Runtime.open(args.bundle, backend="onnx", threads=args.threads) as rt:
@@ -96,26 +85,30 @@ def main() -> None:
                     n_same = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
                     t["tokens"] += len(ref)
                     t["same_tokens"] += n_same
+                    t["forced_agree"] += teacher_forced(be, variants[s], ids, ref)
                     t["max_dlogit"] = max(t["max_dlogit"], float(np.abs(logits - ref_logits).max()))
                     texts[s].append(rt.tokenizer.decode([t for t in out if t not in rt.eos]))
             scores[task] = {s: round(sum(score(cut(a), ex.output).score for a, ex in zip(ans, rows)) / len(rows), 4)
                             for s, ans in texts.items()}
             print(f"{task} ({metric}, n={len(rows)}): {scores[task]}", file=sys.stderr, flush=True)
     report = {}
-    print("| store | bytes / prefix position | identical greedy answers | tokens before first difference | max first-step abs logit diff |")
-    print("|---|---|---|---|---|")
+    print("| store | bytes / prefix position | identical greedy answers | tokens before first difference | "
+          "teacher-forced token agreement | max first-step abs logit diff |")
+    print("|---|---|---|---|---|---|")
     for s, t in totals.items():
         per = t["bytes"] / max(1, t["positions"])
         if s == "f32":
             report[s] = {"bytes_per_position": round(per)}
-            print(f"| f32 (exact) | {per:,.0f} | reference | reference | 0 |")
+            print(f"| f32 (exact) | {per:,.0f} | reference | reference | reference | 0 |")
             continue
         report[s] = {"bytes_per_position": round(per), "answers": t["answers"],
                      "same_answers": t["same_answers"] / max(1, t["answers"]),
-                     "same_tokens": t["same_tokens"] / max(1, t["tokens"]), "max_dlogit": t["max_dlogit"]}
+                     "same_tokens": t["same_tokens"] / max(1, t["tokens"]),
+                     "teacher_forced_agreement": t["forced_agree"] / max(1, t["tokens"]),
+                     "max_dlogit": t["max_dlogit"]}
         r = report[s]
         print(f"| {s} | {per:,.0f} | {r['same_answers']:.3f} ({t['same_answers']}/{t['answers']}) | "
-              f"{r['same_tokens']:.3f} | {r['max_dlogit']:.3g} |")
+              f"{r['same_tokens']:.3f} | {r['teacher_forced_agreement']:.4f} | {r['max_dlogit']:.3g} |")
     print("\n| task | " + " | ".join(f"score {s}" for s in ["f32", *stores]) + " |")
     print("|---|" + "---|" * (1 + len(stores)))
     for task, sc in scores.items():

@@ -118,3 +118,48 @@ def test_q8_0_rows_match_ggml_reference():
     ref = quantize(x, GGMLQuantizationType.Q8_0)
     assert ours.shape == ref.shape
     assert np.array_equal(ours, ref)
+
+
+def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv):
+    """A trained prefix's KV reaches a q8_0 cache through build_seq_state, which rotates each
+    head by a Hadamard matrix where llama.cpp does (heads of 64; this model's are 32: none),
+    then quantizes. From the f16 cells of a text prefix it gives llama.cpp's own q8_0 cells (up
+    to the f16 rounding of its source) and the same next-token logits."""
+    from prefix_edge.runtime.backend import Prefix
+    from prefix_edge.runtime.seqstate import build_seq_state, extract_kv
+
+    model = next((bundle_q8kv / "gguf").glob("*.gguf"))
+    f16 = LlamaBackend(model, threads=2, n_ctx=1024)
+    q8 = LlamaBackend(model, threads=2, n_ctx=1024, kv_type="q8_0")
+    assert q8.head_dim == 32 and q8.kv_rotation == 0
+    ids, inp = np.arange(3, 60, dtype=np.int64), np.arange(100, 110, dtype=np.int64)
+    f16.begin(None)
+    f16.prefill(ids)
+    ks, vs = extract_kv(f16.state_blob())
+    ours = build_seq_state([np.ascontiguousarray(k) for k in ks], [np.ascontiguousarray(v) for v in vs],
+                           False, kv_type=GGML_TYPE_Q8_0, rotation=q8.kv_rotation)
+    q8.begin(None)
+    q8.prefill(ids)
+    native = q8.state_blob()
+    want = q8.prefill(inp)
+    assert len(ours) == len(native)
+    info = parse_seq_state(native)
+
+    def cells(blob) -> np.ndarray:  # layer 0's K and V, dequantized (later layers' KV depend on
+        raw = np.frombuffer(blob, np.uint8)  # attention over the f16 vs the q8_0 cache)
+        out = []
+        for lay in info.layers[:1]:
+            for off in (lay.k_offset, lay.v_offset):
+                b = raw[off:off + info.cell_count * lay.k_row_bytes].reshape(-1, Q8_0_BYTES)
+                out.append(b[:, 2:].view(np.int8) * b[:, :2].copy().view("<f2").astype(np.float32))
+        return np.concatenate(out)
+
+    step = np.abs(cells(native)).max() / 127
+    assert np.abs(cells(ours) - cells(native)).max() < 2 * step  # f16 source: a step at most
+    rotated = build_seq_state([np.ascontiguousarray(k) for k in ks], [np.ascontiguousarray(v) for v in vs],
+                              False, kv_type=GGML_TYPE_Q8_0, rotation=32)  # what llama.cpp does not do here
+    assert np.abs(cells(rotated) - cells(native)).max() > 20 * step
+    q8.begin(Prefix(ids, np.frombuffer(ours, np.uint8), {}, len(ours)))
+    got = q8.prefill(inp)
+    assert int(np.argmax(got)) == int(np.argmax(want))
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()

@@ -148,7 +148,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
         from ..runtime.llama import KV_TYPES
 
         blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans,
-                               kv_type=KV_TYPES[be.kv_type])
+                               kv_type=KV_TYPES[be.kv_type], rotation=be.kv_rotation)
         state = np.frombuffer(blob, np.uint8)
         return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
     raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")

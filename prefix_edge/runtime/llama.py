@@ -79,6 +79,26 @@ def available_devices() -> list[str]:
     return ["cpu", "metal" if sys.platform == "darwin" else "cuda"]
 
 
+def kv_rotation(kv_type: str, head_dim: int, head_dim_v: int) -> int:
+    """The Hadamard order llama.cpp rotates a cache's K and V heads by (0: none).
+
+    llama.cpp (since its PR 21038) rotates Q, K and V of a quantized cache by the normalized
+    Hadamard matrix when the head size is a multiple of 64, unless LLAMA_ATTN_ROT_DISABLE is set;
+    checked here against its own cells: a head of 64 is rotated by H64, one of 32 is not. For
+    other head sizes that are multiples of 64 but no power of 2 the order is not known here, so
+    such a model cannot have a quantized cache."""
+    import os
+
+    if kv_type == "f16" or os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0").strip() not in ("", "0"):
+        return 0
+    if head_dim % 64 or head_dim_v % 64:
+        return 0
+    if head_dim != head_dim_v or head_dim & (head_dim - 1):
+        raise PrefixEdgeError(f"a {kv_type} KV cache rotates heads of {head_dim}/{head_dim_v} in a way "
+                              "prefix-edge does not know; use f16")
+    return head_dim
+
+
 class LlamaBackend:
     name = "gguf"
 
@@ -137,6 +157,11 @@ class LlamaBackend:
             self.close()
             raise PrefixEdgeError(f"a q8_0 KV cache needs a head size that is a multiple of 32 "
                                   f"(Q8_0 blocks per head); this model's is {self.head_dim}: use f16")
+        try:
+            self.kv_rotation = kv_rotation(kv_type, self.head_dim, self.head_dim_v)
+        except PrefixEdgeError:
+            self.close()
+            raise
         self.state_version = state_version()
 
         cp = L.llama_context_default_params()
@@ -400,8 +425,11 @@ class LlamaBackend:
 
     def state_info(self) -> dict:
         """What restoring a prefix depends on beyond the model file (recorded in the manifest)."""
-        return {"format": _format_part(self.state_version), "v_trans": self.v_trans,
+        info = {"format": _format_part(self.state_version), "v_trans": self.v_trans,
                 "kv_type": self.kv_type}
+        if self.kv_type != "f16":  # a quantized cache holds K/V rotated (or not): see kv_rotation
+            info["kv_rotation"] = self.kv_rotation
+        return info
 
     @property
     def kv_dtype_name(self) -> str:

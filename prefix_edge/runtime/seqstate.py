@@ -264,11 +264,25 @@ def q8_0_rows(a: np.ndarray) -> np.ndarray:
     return out.reshape(p, -1)
 
 
+def hadamard(n: int) -> np.ndarray:
+    """The normalized Sylvester Hadamard matrix of order n (a power of 2), float32."""
+    if n < 1 or n & (n - 1):
+        raise PrefixEdgeError(f"no Hadamard rotation of order {n} (not a power of 2)")
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
+
+
 def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
-                    seq_id: int = 0, kv_type: int = GGML_TYPE_F16) -> bytes:
+                    seq_id: int = 0, kv_type: int = GGML_TYPE_F16, rotation: int = 0) -> bytes:
     """A blob holding cells 0..P-1 of sequence `seq_id`, from per-layer float16 K and V
-    arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout), cached as `kv_type`
-    (f16, or q8_0: V then is never transposed, as llama.cpp needs flash attention for it)."""
+    arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout), cached as `kv_type`.
+
+    q8_0: llama.cpp needs flash attention (V untransposed) and may keep a quantized cache's K
+    and V rotated, each head by the normalized Hadamard matrix of order `rotation` (0: not
+    rotated; runtime/llama.py kv_rotation says which); the rows are rotated so, then quantized
+    as ggml does."""
     if kv_type == GGML_TYPE_Q8_0 and v_trans:
         raise PrefixEdgeError("build_seq_state: a q8_0 cache has V untransposed (flash attention)")
     if not k or len(k) != len(v):
@@ -285,8 +299,12 @@ def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
     parts = [struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, p), cells.tobytes(),
              struct.pack("<II", int(v_trans), n_layer)]
     if kv_type == GGML_TYPE_Q8_0:
+        h = hadamard(rotation) if rotation else None
         for a in (*k, *v):
-            rows = q8_0_rows(a)
+            x = np.asarray(a, np.float32)
+            if h is not None:
+                x = (x.reshape(p, -1, rotation) @ h.T).reshape(p, -1)
+            rows = q8_0_rows(x)
             parts += [struct.pack("<iQ", GGML_TYPE_Q8_0, rows.shape[1]), rows.tobytes()]
         return b"".join(parts)
     for a in k:
