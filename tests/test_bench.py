@@ -18,6 +18,7 @@ def test_bench_report_and_plot(bundle_int4, tmp_path):
     assert [row["prefix_tokens"] for row in r["ttft"] if row["backend"] == "onnx"] == [16, 64]
     for row in r["ttft"]:
         assert row["ttft_prefilled_ms"] > 0 and row["ttft_restored_ms"] > 0 and row["bytes_per_prefix_token"] > 0
+        assert row["ttft_restored_memory_ms"] > 0 and row["speedup_memory"] > 0
     for row in r["decode"]:
         assert row["tok_s"] > 0
         assert row["baseline"]["tok_s"] > 0, row  # the peer ran in its own process
