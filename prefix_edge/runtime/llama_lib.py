@@ -1,0 +1,74 @@
+"""llama-cpp-python as a library: imported quietly, its state-format version, the devices its
+build can use, and the KV cache types (and their rotation) a bundle may bake with."""
+
+from __future__ import annotations
+
+import ctypes
+
+from ..errors import PrefixEdgeError
+from .seqstate import GGML_TYPE_F16, GGML_TYPE_Q8_0, SEQ_STATE_MAGIC
+
+STATE_FORMAT = "llama.cpp-seq-state"
+KV_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}  # KV cache types a bundle may bake with
+_LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.cpp may call it
+_BACKEND_READY = False
+
+
+def load_llama_cpp():
+    """Import llama_cpp with its logging silenced and its backend initialised."""
+    global _LOG_CALLBACK, _BACKEND_READY
+    try:
+        import llama_cpp
+    except ImportError:
+        raise PrefixEdgeError("the gguf backend needs llama-cpp-python: "
+                              "pip install 'prefix-edge[llama]'") from None
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    if not _BACKEND_READY:
+        llama_cpp.llama_backend_init()
+        _BACKEND_READY = True
+    return llama_cpp
+
+
+def state_version() -> str:
+    """What a seq-state blob depends on besides the model, for the prefix fingerprint. The blob
+    carries no version of its own; the session / seq-file versions mark llama.cpp's state
+    format changes, and the package version pins the rest."""
+    L = load_llama_cpp()
+    return (f"{STATE_FORMAT}/magic={SEQ_STATE_MAGIC:08x}/session={L.LLAMA_SESSION_VERSION}"
+            f"/seq={L.LLAMA_STATE_SEQ_VERSION}/llama-cpp-python={L.__version__}")
+
+
+def _format_part(version: str) -> str:
+    """The state-format part of a state_version string (the package version may differ)."""
+    return version.split("/llama-cpp-python=")[0]
+
+
+def available_devices() -> list[str]:
+    import sys
+
+    L = load_llama_cpp()
+    if not L.llama_supports_gpu_offload():
+        return ["cpu"]
+    return ["cpu", "metal" if sys.platform == "darwin" else "cuda"]
+
+
+def kv_rotation(kv_type: str, head_dim: int, head_dim_v: int) -> int:
+    """The Hadamard order llama.cpp rotates a cache's K and V heads by (0: none).
+
+    llama.cpp (since its PR 21038) rotates Q, K and V of a quantized cache by the normalized
+    Hadamard matrix when the head size is a multiple of 64, unless LLAMA_ATTN_ROT_DISABLE is set;
+    checked here against its own cells: a head of 64 is rotated by H64, one of 32 is not. For
+    other head sizes that are multiples of 64 but no power of 2 the order is not known here, so
+    such a model cannot have a quantized cache."""
+    import os
+
+    if kv_type == "f16" or os.environ.get("LLAMA_ATTN_ROT_DISABLE", "0").strip() not in ("", "0"):
+        return 0
+    if head_dim % 64 or head_dim_v % 64:
+        return 0
+    if head_dim != head_dim_v or head_dim & (head_dim - 1):
+        raise PrefixEdgeError(f"a {kv_type} KV cache rotates heads of {head_dim}/{head_dim_v} in a way "
+                              "prefix-edge does not know; use f16")
+    return head_dim
