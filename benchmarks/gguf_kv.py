@@ -34,13 +34,10 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kv_compare import greedy, teacher_forced
+    from kv_compare import greedy, held_out, teacher_forced
 
     from prefix_edge import Runtime
     from prefix_edge.bundle import Manifest
-    from prefix_edge.cli.eval import demo_data
-    from prefix_edge.datafile import read_jsonl
-    from prefix_edge.evaluation.metrics import guess_metric, scorer
     from prefix_edge.paths import default_bundle
 
     f16_dir = args.f16 or default_bundle()
@@ -56,24 +53,14 @@ def main() -> None:
     scores = {}
     rt = rts["f16"]
     for task in rt.tasks:
-        data = demo_data(task)
-        if data is None:
+        held = held_out(rt, task, args.limit, args.max_tokens)
+        if held is None:
             continue
+        rows, n_max, metric, mean_score = held
         prefixes = {k: r.prefixes.get(task)[0] for k, r in rts.items()}
         for k, p in prefixes.items():
             size[k][0] += p.nbytes
             size[k][1] += p.n_tokens
-        every = read_jsonl(data)
-        rows = every[: args.limit]
-        metric = guess_metric([ex.output for ex in every])
-        opts = rt.options(task, {})
-        n_max = min(args.max_tokens, opts["max_tokens"])
-
-        def cut(text: str) -> str:  # the task's stop strings end an answer, as in the runtime
-            ends = [text.find(x) for x in opts["stop"] if x in text]
-            return text[: min(ends)] if ends else text
-
-        score = scorer(metric, [ex.output for ex in rows])
         texts = {k: [] for k in rts}
         for ex in rows:
             ids = rt.encode_input(task, ex.input)
@@ -87,8 +74,7 @@ def main() -> None:
             t["max_dlogit"] = max(t["max_dlogit"], float(np.abs(logits - ref_logits).max()))
             for k, toks in (("f16", ref), ("q8_0", out)):
                 texts[k].append(rt.tokenizer.decode([x for x in toks if x not in rt.eos]))
-        scores[task] = {k: round(sum(score(cut(s), ex.output).score for s, ex in zip(ans, rows)) / len(rows), 4)
-                        for k, ans in texts.items()}
+        scores[task] = {k: mean_score(ans) for k, ans in texts.items()}
         print(f"{task} ({metric}, n={len(rows)}): {scores[task]}", file=sys.stderr, flush=True)
 
     speeds = {k: [] for k in rts}

@@ -36,3 +36,30 @@ def teacher_forced(be, prefix, ids, answer: list[int]) -> int:
         if i + 1 < len(answer):
             logits = be.step(t)
     return agree
+
+
+def held_out(rt, task: str, limit: int | None, max_tokens: int):
+    """A demo task's held-out lines (the first `limit`), its greedy token cap (the task's own,
+    at most `max_tokens`) and a scorer of answer texts: (rows, n_max, score(texts) -> mean);
+    None for a task without a held-out set."""
+    from prefix_edge.cli.eval import demo_data
+    from prefix_edge.datafile import read_jsonl
+    from prefix_edge.evaluation.metrics import guess_metric, scorer
+
+    data = demo_data(task)
+    if data is None:
+        return None
+    every = read_jsonl(data)
+    rows = every[:limit]
+    metric = guess_metric([ex.output for ex in every])
+    opts = rt.options(task, {})
+    score = scorer(metric, [ex.output for ex in rows])
+
+    def cut(text: str) -> str:  # the task's stop strings end an answer, as in the runtime
+        ends = [text.find(x) for x in opts["stop"] if x in text]
+        return text[: min(ends)] if ends else text
+
+    def mean_score(texts: list[str]) -> float:
+        return round(sum(score(cut(a), ex.output).score for a, ex in zip(texts, rows)) / len(rows), 4)
+
+    return rows, min(max_tokens, opts["max_tokens"]), metric, mean_score

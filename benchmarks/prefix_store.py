@@ -32,12 +32,9 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kv_compare import greedy, teacher_forced
+    from kv_compare import greedy, held_out, teacher_forced
     from prefix_edge import Runtime
     from prefix_edge.bundle import prefixfile
-    from prefix_edge.cli.eval import demo_data
-    from prefix_edge.datafile import read_jsonl
-    from prefix_edge.evaluation.metrics import guess_metric, scorer
     from prefix_edge.runtime.backend import Prefix
 
     stores = args.stores.split(",")
@@ -48,9 +45,10 @@ def main() -> None:
     with Runtime.open(args.bundle, backend="onnx", threads=args.threads) as rt:
         be = rt.backend
         for task in rt.tasks:
-            data = demo_data(task)
-            if data is None:
+            held = held_out(rt, task, args.limit, args.max_tokens)
+            if held is None:
                 continue
+            rows, n_max, metric, mean_score = held
             exact, _ = rt.prefixes.get(task)
             kv = dict(zip(be.past_names, exact.kv))
             variants = {}
@@ -61,17 +59,6 @@ def main() -> None:
                 dec = prefixfile.decode_kv(tensors, meta, be.past_names, be.kv_dtype, task)
                 variants[s] = Prefix(exact.ids, [dec[n] for n in be.past_names], exact.metadata,
                                      exact.nbytes, n_virtual=exact.n_virtual)
-            every = read_jsonl(data)
-            rows = every[: args.limit]
-            metric = guess_metric([ex.output for ex in every])
-            opts = rt.options(task, {})
-            n_max = min(args.max_tokens, opts["max_tokens"])
-
-            def cut(text: str) -> str:  # the task's stop strings end an answer, as in the runtime
-                ends = [text.find(x) for x in opts["stop"] if x in text]
-                return text[: min(ends)] if ends else text
-
-            score = scorer(metric, [ex.output for ex in rows])
             texts = {s: [] for s in ["f32", *stores]}
             for ex in rows:
                 ids = rt.encode_input(task, ex.input)
@@ -88,8 +75,7 @@ def main() -> None:
                     t["forced_agree"] += teacher_forced(be, variants[s], ids, ref)
                     t["max_dlogit"] = max(t["max_dlogit"], float(np.abs(logits - ref_logits).max()))
                     texts[s].append(rt.tokenizer.decode([t for t in out if t not in rt.eos]))
-            scores[task] = {s: round(sum(score(cut(a), ex.output).score for a, ex in zip(ans, rows)) / len(rows), 4)
-                            for s, ans in texts.items()}
+            scores[task] = {s: mean_score(ans) for s, ans in texts.items()}
             print(f"{task} ({metric}, n={len(rows)}): {scores[task]}", file=sys.stderr, flush=True)
     report = {}
     print("| store | bytes / prefix position | identical greedy answers | tokens before first difference | "
