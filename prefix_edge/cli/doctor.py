@@ -15,6 +15,16 @@ import typer
 from . import app
 from ..runtime.cpus import cpu_features
 
+def _ort_cache() -> dict | None:
+    """This machine's cache of ORT's optimized models (runtime/ort_cache.py), None without ORT."""
+    try:
+        from ..runtime import ort_cache
+
+        return ort_cache.summary()
+    except (ImportError, OSError):
+        return None
+
+
 def _version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -78,7 +88,7 @@ def doctor(
         "backends": {
             "onnx": {"ok": onnx_ok, "detail": onnx_detail,
                      "devices": ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in providers else []),
-                     "providers": providers},
+                     "providers": providers, "session_cache": _ort_cache()},
             "gguf": {"ok": gguf_ok, "detail": gguf_detail,
                      "probe_model": str(model) if model else None,
                      "build": v.system_info if v else "", "library_sha256": v.library_sha256 if v else ""},
@@ -96,6 +106,10 @@ def doctor(
             mark = "ok  " if b["ok"] else "FAIL"
             extra = f"  devices: {', '.join(b['devices'])}" if name == "onnx" and b["ok"] else ""
             typer.echo(f"{mark} {name}: {b['detail']}{extra}")
+        c = report["backends"]["onnx"]["session_cache"]
+        if c:
+            typer.echo(f"     onnx session cache: {c['entries']} model(s), {c['bytes'] / 1e6:.0f} MB in {c['dir']}"
+                       + ("" if c["enabled"] else " (off: PREFIX_EDGE_ORT_CACHE=0)"))
         if v is not None and v.system_info:
             typer.echo(f"     llama.cpp build: {v.system_info}")
     if not (onnx_ok or gguf_ok):

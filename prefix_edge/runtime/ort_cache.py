@@ -131,6 +131,18 @@ def publish(staging: Path, model_sha256: str) -> None:
     _evict()
 
 
+def summary() -> dict:
+    """What the cache holds here: its dir, whether it is on, entries and bytes (for doctor)."""
+    entries, size = 0, 0
+    root = _root()
+    if root.is_dir():
+        for d in root.iterdir():
+            if (d / "entry.json").is_file():
+                entries += 1
+                size += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+    return {"dir": str(root), "enabled": enabled(), "entries": entries, "bytes": size}
+
+
 def _evict() -> None:
     entries = []
     for d in _root().iterdir():
