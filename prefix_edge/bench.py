@@ -211,12 +211,18 @@ class Bench:
             # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the forking parent
             "hwm = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
             "print(json.dumps({'cold_start_ms': first, 'peak_rss_bytes': hwm, 'heavy_imports': heavy}))\n")
-        runs = []
-        for _ in range(3):
-            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-            if p.returncode != 0:
-                raise PrefixEdgeError(f"cold-start run failed: {p.stderr.strip().splitlines()[-1:]}")
-            runs.append(json.loads(p.stdout))
+        def measure(env: dict | None = None) -> list[dict]:
+            runs = []
+            for _ in range(3):
+                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                                   env={**os.environ, **(env or {})})
+                if p.returncode != 0:
+                    raise PrefixEdgeError(f"cold-start run failed: {p.stderr.strip().splitlines()[-1:]}")
+                runs.append(json.loads(p.stdout))
+            return runs
+
+        runs = measure()  # ONNX: through this machine's session cache (made by an earlier open)
+        plain = measure({"PREFIX_EDGE_ORT_CACHE": "0"}) if backend == "onnx" else None
         info = self.manifest.backends[backend]
         model_bytes = sum((self.bundle / f).stat().st_size for f in info.files)
         prefix_bytes = self.manifest.tasks[task].prefixes[backend].bytes
@@ -226,8 +232,13 @@ class Bench:
                "prefix_mb": round(prefix_bytes / 1e6, 2),
                "rss_ratio": round(rss / (model_bytes + prefix_bytes), 2),
                "torch_in_process": bool(runs[0]["heavy_imports"])}
+        if plain:  # what the session cache saves: the same runs with it off
+            out["cold_start_ms_no_session_cache"] = _median(r["cold_start_ms"] for r in plain)
+            out["peak_rss_mb_no_session_cache"] = round(_median(r["peak_rss_bytes"] for r in plain) / 1e6, 1)
         self.log(f"  {backend} cold start {out['cold_start_ms']:.0f} ms, peak RSS {out['peak_rss_mb']} MB "
-                 f"({out['rss_ratio']}x model+prefix)")
+                 f"({out['rss_ratio']}x model+prefix)" + (
+                     f"; without the session cache {out['cold_start_ms_no_session_cache']:.0f} ms, "
+                     f"{out['peak_rss_mb_no_session_cache']} MB" if plain else ""))
         return out
 
 

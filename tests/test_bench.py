@@ -24,6 +24,7 @@ def test_bench_report_and_plot(bundle_int4, tmp_path):
         assert row["baseline"]["tok_s"] > 0, row  # the peer ran in its own process
     for row in r["cold_start"]:
         assert row["torch_in_process"] is False and row["peak_rss_mb"] > 0
+        assert (row.get("cold_start_ms_no_session_cache", 0) > 0) == (row["backend"] == "onnx")
     assert r["machine"]["threads"] == 2 and r["targets"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
