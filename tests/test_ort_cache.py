@@ -54,6 +54,7 @@ def test_cached_session_is_bit_identical(request, home, monkeypatch, bundle):
     assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "model.onnx.data"]
     second = OnnxBackend(path, threads=2)
     assert second.session_source == "cache"
+    assert OnnxBackend(path, threads=2, verify="full").session_source == "cache"  # re-hashed, same
     info = ort_cache.summary()  # what doctor reports
     assert info["entries"] == 1 and info["enabled"]
     assert info["bytes"] == sum(p.stat().st_size for p in entry.iterdir())

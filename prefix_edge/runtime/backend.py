@@ -94,7 +94,7 @@ def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int 
     if name == "onnx":
         from .onnx import OnnxBackend
 
-        return OnnxBackend(model_path, device=device, threads=threads, n_ctx=n_ctx)
+        return OnnxBackend(model_path, device=device, threads=threads, n_ctx=n_ctx, **engine)
     if name == "gguf":
         from .llama import LlamaBackend
 

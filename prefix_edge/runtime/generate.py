@@ -171,7 +171,7 @@ class Runtime:
             extra = {"n_seq_max": 1 + slots + RESIDENT_SEQS, "n_batch": max(512, prefill_chunk),
                      **gguf_state_options(info.state)}
         else:
-            kv_cells = None
+            kv_cells, extra = None, {"verify": verify}  # the session cache is verified alike
         be = open_backend(backend, root / model_file, device=device, threads=threads,
                           n_ctx=kv_cells or ctx, **extra)
         if be.state_info() != info.state:

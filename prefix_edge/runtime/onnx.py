@@ -39,7 +39,7 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 2048):
+                 n_ctx: int = 2048, verify: str = "cached"):
         import onnxruntime as ort
 
         if device == "auto":
@@ -51,7 +51,7 @@ class OnnxBackend:
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
-        self.session, self.session_source = self._session(Path(model_path), device, threads)
+        self.session, self.session_source = self._session(Path(model_path), device, threads, verify)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
                                  key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
@@ -76,10 +76,11 @@ class OnnxBackend:
         self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
 
     @staticmethod
-    def _session(model_path: Path, device: str, threads: int | None):
+    def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached"):
         """An InferenceSession of the model and where it came from: "cache" (this machine's
         saved optimized, prepacked form of it: runtime/ort_cache.py), "saved" (built from the
-        model and saved to that cache) or "model" (built from the model; GPU, cache off)."""
+        model and saved to that cache) or "model" (built from the model; GPU, cache off).
+        verify "full" hashes the cache entry's files at this open (bundle/verify.py)."""
         import onnxruntime as ort
 
         from . import ort_cache
@@ -103,7 +104,7 @@ class OnnxBackend:
             except PrefixEdgeError:
                 sha = None  # a missing file: the plain open below says so
         if sha:
-            cached = ort_cache.cached_model(sha)
+            cached = ort_cache.cached_model(sha, verify)
             if cached is not None:
                 try:
                     return ort.InferenceSession(str(cached), options(optimize=False), providers=providers), "cache"

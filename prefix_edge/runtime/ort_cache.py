@@ -55,7 +55,7 @@ def _root() -> Path:
     return home() / "ort-cache"
 
 
-def cached_model(model_sha256: str) -> Path | None:
+def cached_model(model_sha256: str, verify: str = "cached") -> Path | None:
     """The cached optimized model for this model here, verified; None when there is none (or
     it does not verify: it is then removed)."""
     from ..bundle.verify import file_hashes
@@ -64,7 +64,7 @@ def cached_model(model_sha256: str) -> Path | None:
     entry = _root() / entry_key(model_sha256)
     try:
         want = json.loads((entry / "entry.json").read_text())["sha256"]
-        have = file_hashes(entry, FILES)
+        have = file_hashes(entry, FILES, verify)
         if [have[f] for f in FILES] != [want[f] for f in FILES]:
             raise ValueError("changed")
         os.utime(entry / "entry.json")  # most recently used
