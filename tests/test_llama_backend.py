@@ -79,13 +79,14 @@ def greedy(b, logits: np.ndarray, n: int = N_STEPS) -> list[int]:
 def set_data_calls(monkeypatch):
     """Counts real llama_state_seq_set_data calls (the call still goes to llama.cpp)."""
     calls = []
-    real = llama_cpp.llama_state_seq_set_data
+    bindings = llama_cpp.llama_cpp  # what the backend calls (runtime/llama_lib.py)
+    real = bindings.llama_state_seq_set_data
 
     def spy(*args):
         calls.append(args[2])
         return real(*args)
 
-    monkeypatch.setattr(llama_cpp, "llama_state_seq_set_data", spy)
+    monkeypatch.setattr(bindings, "llama_state_seq_set_data", spy)
     return calls
 
 
