@@ -39,7 +39,7 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 2048, verify: str = "cached"):
+                 n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None):
         import onnxruntime as ort
 
         if device == "auto":
@@ -51,7 +51,8 @@ class OnnxBackend:
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
-        self.session, self.session_source = self._session(Path(model_path), device, threads, verify)
+        self.session, self.session_source = self._session(Path(model_path), device, threads, verify,
+                                                          model_sha256)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
                                  key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
@@ -76,16 +77,18 @@ class OnnxBackend:
         self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
 
     @staticmethod
-    def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached"):
-        """An InferenceSession of the model and where it came from: "cache" (this machine's
-        saved optimized, prepacked form of it: runtime/ort_cache.py), "saved" (built from the
-        model and saved to that cache) or "model" (built from the model; GPU, cache off).
-        verify "full" hashes the cache entry's files at this open (bundle/verify.py)."""
+    def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached",
+                 model_sha256: str | None = None):
+        """An InferenceSession of the model and where it came from: "cache" / "saved" (this
+        machine's saved optimized, prepacked form of it: runtime/ort_cache.py) or "model" (built
+        from the model; GPU, cache off or unusable). `model_sha256`: the model file's hash when
+        the caller has it (else looked up like bundle files); verify "full" re-hashes the cache
+        entry's files at this open."""
         import onnxruntime as ort
 
         from . import ort_cache
 
-        def options(optimize: bool = True):
+        def options(optimize: bool):
             opts = ort.SessionOptions()
             opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                              else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
@@ -95,34 +98,19 @@ class OnnxBackend:
             return opts
 
         providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
-        sha = None
         if device == "cpu" and ort_cache.enabled():
-            from ..bundle.verify import file_hashes
+            if model_sha256 is None:
+                from ..bundle.verify import file_hashes
 
-            try:
-                sha = file_hashes(model_path.parent, [model_path.name])[model_path.name]
-            except PrefixEdgeError:
-                sha = None  # a missing file: the plain open below says so
-        if sha:
-            cached = ort_cache.cached_model(sha, verify)
-            if cached is not None:
                 try:
-                    return ort.InferenceSession(str(cached), options(optimize=False), providers=providers), "cache"
-                except Exception:  # noqa: BLE001 - a cache entry ORT refuses is dropped and rebuilt
-                    ort_cache.drop(sha)
-            opts = options()
-            opts.log_severity_level = 3  # not ORT's warning that the saved form fits this machine only
-            staging = ort_cache.save_options(opts, sha)
-            if staging is not None:
-                try:
-                    session = ort.InferenceSession(str(model_path), opts, providers=providers)
-                except Exception:  # noqa: BLE001 - saving failed (disk full?): open it plainly below
-                    ort_cache.discard(staging)
-                else:
-                    ort_cache.publish(staging, sha)
-                    return session, "saved"
+                    model_sha256 = file_hashes(model_path.parent, [model_path.name])[model_path.name]
+                except PrefixEdgeError:
+                    pass  # a missing file: the plain open below says so
+            got = ort_cache.session(model_path, options, providers, model_sha256, verify) if model_sha256 else None
+            if got is not None:
+                return got
         try:
-            return ort.InferenceSession(str(model_path), options(), providers=providers), "model"
+            return ort.InferenceSession(str(model_path), options(True), providers=providers), "model"
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
 

@@ -81,17 +81,36 @@ def cached_model(model_sha256: str, verify: str = "cached") -> Path | None:
     return entry / FILES[0]
 
 
-def drop(model_sha256: str) -> None:
-    shutil.rmtree(_root() / entry_key(model_sha256), ignore_errors=True)
+def session(model_path: Path, options, providers: list[str], model_sha256: str, verify: str = "cached"):
+    """An InferenceSession of the model through this cache, and where it came from: "cache"
+    (the saved entry, optimization off) or "saved" (built from the model, the entry made on the
+    way); None when neither worked (the caller opens the model plainly and reports its error).
+    `options(optimize)` makes the caller's SessionOptions."""
+    import onnxruntime as ort
+
+    cached = cached_model(model_sha256, verify)
+    if cached is not None:
+        try:
+            return ort.InferenceSession(str(cached), options(False), providers=providers), "cache"
+        except Exception:  # noqa: BLE001 - an entry ORT refuses is dropped and rebuilt
+            shutil.rmtree(cached.parent, ignore_errors=True)
+    opts = options(True)
+    opts.log_severity_level = 3  # not ORT's warning that the saved form fits this machine only
+    staging = _save_options(opts, model_sha256)
+    if staging is None:
+        return None
+    try:
+        made = ort.InferenceSession(str(model_path), opts, providers=providers)
+    except Exception:  # noqa: BLE001 - saving failed (disk full?): the caller opens it plainly
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    _publish(staging, model_sha256)
+    return made, "saved"
 
 
-def discard(staging: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
-
-
-def save_options(opts, model_sha256: str) -> Path | None:
+def _save_options(opts, model_sha256: str) -> Path | None:
     """Set `opts` so the session being created also writes its optimized form into a new
-    entry's staging dir (returned; publish() it after the session is made), or None when the
+    entry's staging dir (returned; _publish() it after the session is made), or None when the
     cache dir cannot be written."""
     staging = _root() / f".{entry_key(model_sha256)}.tmp-{os.getpid()}"
     try:
@@ -106,7 +125,7 @@ def save_options(opts, model_sha256: str) -> Path | None:
     return staging
 
 
-def publish(staging: Path, model_sha256: str) -> None:
+def _publish(staging: Path, model_sha256: str) -> None:
     """Make a staged entry visible (hashes recorded last); a concurrent process that got there
     first wins. Failures only leave the cache without this entry."""
     from ..bundle.verify import file_hashes
