@@ -72,7 +72,7 @@ class Bench:
     def open(self, backend: str, n_ctx: int):
         from .runtime.backend import open_backend
 
-        from .runtime.generate import gguf_state_options
+        from .runtime.llama_lib import gguf_state_options
 
         extra = gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
         return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx, **extra)

@@ -25,7 +25,6 @@ ONNX_BUILDERS = ("own", "optimum")  # export/onnx_graph.py (fused ops) | optimum
 DEFAULT_ONNX_QUANT = "int4"  # exact baked prefixes, smallest, fastest: see README
 DEFAULT_GGUF_QUANT = "q8_0"  # for HF sources; a .gguf source is kept as it is: see README
 KEEP = "keep"
-GGUF_KV_TYPES = ("f16", "q8_0")  # runtime/llama.py KV_TYPES (not imported: llama_cpp may be absent)
 
 
 def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
@@ -39,6 +38,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     from ..paths import default_tasks_file
     from ..quantize.gguf import GGUF_QUANT_CHOICES
     from ..bundle.prefixfile import KV_STORES
+    from ..runtime.llama_lib import KV_TYPES  # a plain table: llama_cpp is not imported
     from ..quantize.onnx import CHOICES, Int4Recipe
     from .source import default_model_path
 
@@ -65,8 +65,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         raise PrefixEdgeError(f"unknown ONNX builder {onnx_builder!r}; choose one of {', '.join(ONNX_BUILDERS)}")
     if prefix_store not in KV_STORES:
         raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
-    if gguf_kv not in GGUF_KV_TYPES:
-        raise PrefixEdgeError(f"unknown GGUF KV cache type {gguf_kv!r}; choose one of {', '.join(GGUF_KV_TYPES)}")
+    if gguf_kv not in KV_TYPES:
+        raise PrefixEdgeError(f"unknown GGUF KV cache type {gguf_kv!r}; choose one of {', '.join(KV_TYPES)}")
     specs = load_tasks(tasks_file)  # validate before any slow work
     out = Path(out)
     if out.exists() and not force:
@@ -253,8 +253,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
-            be = open_backend(name, root / model_file, n_ctx=n_ctx,
-                              **({"kv_type": gguf_kv} if name == "gguf" else {}))
+            be = open_backend(name, root / model_file, n_ctx=n_ctx,  # the hash keys ORT's session cache
+                              **({"kv_type": gguf_kv} if name == "gguf" else
+                                 {"model_sha256": backends[name].files[model_file]}))
             try:
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
                              store=prefix_store if name == "onnx" else None)

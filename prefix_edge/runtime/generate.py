@@ -65,14 +65,6 @@ def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
     return "gguf"
 
 
-def gguf_state_options(state: dict) -> dict:
-    """The llama.cpp context options a bundle's GGUF prefixes were baked with (manifest state):
-    the KV cache type and flash attention (V untransposed). Anything else is refused by the
-    backend in one line."""
-    state = state if isinstance(state, dict) else {}
-    return {"kv_type": str(state.get("kv_type", "f16")), "flash_attn": not state.get("v_trans", True)}
-
-
 class Runtime:
     """A bundle opened for generation. Thread-safe: any number of requests may be in flight
     from any threads. Use as a context manager or call close()."""
@@ -165,13 +157,16 @@ class Runtime:
         model_file = next(f for f in info.files if f.endswith(MODEL_SUFFIX[backend]))
         extra = {}
         if backend == "gguf":
+            from .llama_lib import gguf_state_options
+
             if kv_cells is None:  # residents of the longest prefix + room for every slot
                 kv_cells = min(2 * longest + slots * REQUEST_CELLS, slots * ctx)
                 kv_cells = max(1024, -(-kv_cells // 256) * 256)
             extra = {"n_seq_max": 1 + slots + RESIDENT_SEQS, "n_batch": max(512, prefill_chunk),
                      **gguf_state_options(info.state)}
         else:
-            kv_cells, extra = None, {"verify": verify}  # the session cache is verified alike
+            # the model's hash (checked above) keys the session cache, whose files are verified alike
+            kv_cells, extra = None, {"verify": verify, "model_sha256": actual[model_file]}
         be = open_backend(backend, root / model_file, device=device, threads=threads,
                           n_ctx=kv_cells or ctx, **extra)
         if be.state_info() != info.state:

@@ -13,7 +13,7 @@ from .seqstate import GGML_TYPE_F16, GGML_TYPE_Q8_0, SEQ_STATE_MAGIC
 STATE_FORMAT = "llama.cpp-seq-state"
 KV_TYPES = {"f16": GGML_TYPE_F16, "q8_0": GGML_TYPE_Q8_0}  # KV cache types a bundle may bake with
 _LOG_CALLBACK = None  # keeps the no-op log callback alive for as long as llama.cpp may call it
-_BACKEND_READY = False
+_LIB = None  # the bindings, once loaded (load_llama_cpp)
 _VERSION = ""  # llama-cpp-python's version (load_llama_cpp)
 _IMPORT_LOCK = threading.Lock()
 
@@ -33,10 +33,9 @@ def _bindings():
         spec = importlib.util.find_spec("llama_cpp")
         if spec is None or not spec.origin:
             raise ImportError("llama_cpp")
+        if "llama_cpp" in sys.modules and hasattr(sys.modules["llama_cpp"], "__version__"):  # imported in full
+            return importlib.import_module("llama_cpp.llama_cpp"), sys.modules["llama_cpp"].__version__
         found = re.search(r"""^__version__\s*=\s*["']([^"']+)""", Path(spec.origin).read_text(), re.M)
-        if "llama_cpp" in sys.modules:  # imported in full already
-            low = importlib.import_module("llama_cpp.llama_cpp")
-            return low, getattr(sys.modules["llama_cpp"], "__version__", found and found.group(1))
         bare = importlib.util.module_from_spec(spec)
         sys.modules["llama_cpp"] = bare
         try:
@@ -52,20 +51,20 @@ def _bindings():
 
 
 def load_llama_cpp():
-    """llama-cpp-python's bindings with its logging silenced and its backend initialised."""
-    global _LOG_CALLBACK, _BACKEND_READY, _VERSION
+    """llama-cpp-python's bindings with its logging silenced and its backend initialised (once
+    per process; later calls return the same module)."""
+    global _LIB, _LOG_CALLBACK, _VERSION
+    if _LIB is not None:
+        return _LIB
     try:
         llama_cpp, version = _bindings()
     except ImportError:
         raise PrefixEdgeError("the gguf backend needs llama-cpp-python: "
                               "pip install 'prefix-edge[llama]'") from None
-    _VERSION = version
-    if _LOG_CALLBACK is None:
-        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
-        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    if not _BACKEND_READY:
-        llama_cpp.llama_backend_init()
-        _BACKEND_READY = True
+    _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    _VERSION, _LIB = version, llama_cpp
     return llama_cpp
 
 
@@ -110,3 +109,11 @@ def kv_rotation(kv_type: str, head_dim: int, head_dim_v: int) -> int:
         raise PrefixEdgeError(f"a {kv_type} KV cache rotates heads of {head_dim}/{head_dim_v} in a way "
                               "prefix-edge does not know; use f16")
     return head_dim
+
+
+def gguf_state_options(state: dict) -> dict:
+    """The context options a bundle's GGUF prefixes were baked with (its manifest `state`): the
+    KV cache type and flash attention (V untransposed). Anything else is refused by the backend
+    in one line."""
+    state = state if isinstance(state, dict) else {}
+    return {"kv_type": str(state.get("kv_type", "f16")), "flash_attn": not state.get("v_trans", True)}
