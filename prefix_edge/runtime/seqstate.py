@@ -249,19 +249,15 @@ def row_bytes(ggml_type: int, n: int) -> int:
 
 
 def q8_0_rows(a: np.ndarray) -> np.ndarray:
-    """Rows [P, n] (n % 32 == 0) as ggml's Q8_0 bytes [P, n/32*34], rounded as ggml's CPU
-    quantizer does: d = amax/127 (stored f16), q = round(x / d) with d in f32."""
-    x = np.asarray(a, np.float32)
-    p, n = x.shape
-    blocks = x.reshape(p, n // Q8_0_BLOCK, Q8_0_BLOCK)
-    d = np.abs(blocks).max(-1) / 127
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(d > 0, 1 / d, 0).astype(np.float32)
-    q = np.rint(blocks * inv[..., None]).clip(-127, 127).astype(np.int8)
-    out = np.empty((p, n // Q8_0_BLOCK, Q8_0_BYTES), np.uint8)
-    out[..., :2] = d.astype("<f2")[..., None].view(np.uint8)
+    """Rows [P, n] (n % 32 == 0) as ggml's Q8_0 bytes [P, n/32*34] (f16 scale, 32 int8),
+    rounded as ggml's CPU quantizer does (quantize/blocks.py)."""
+    from ..quantize.blocks import q8_0
+
+    q, d = q8_0(a, Q8_0_BLOCK, np.dtype("<f2"), ggml_rounding=True)
+    out = np.empty((*q.shape[:-1], Q8_0_BYTES), np.uint8)
+    out[..., :2] = d[..., None].view(np.uint8)
     out[..., 2:] = q.view(np.uint8)
-    return out.reshape(p, -1)
+    return out.reshape(q.shape[0], -1)
 
 
 def hadamard(n: int) -> np.ndarray:
