@@ -21,20 +21,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+from kv_compare import add_common_args, greedy, held_out, teacher_forced
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--f16", type=Path, help="bundle with the f16 cache (default: the default bundle)")
     ap.add_argument("--q8", type=Path, required=True, help="the same model exported with --gguf-kv q8_0")
-    ap.add_argument("--max-tokens", type=int, default=256, help="cap on the task's own max_tokens")
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--json", type=Path)
+    add_common_args(ap)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kv_compare import greedy, held_out, teacher_forced
 
     from prefix_edge import Runtime
     from prefix_edge.bundle import Manifest

@@ -11,6 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def add_common_args(ap, limit: int | None = None) -> None:
+    """The options every KV-comparison script takes (after its own)."""
+    from pathlib import Path
+
+    ap.add_argument("--max-tokens", type=int, default=256, help="cap on the task's own max_tokens")
+    ap.add_argument("--limit", type=int, default=limit, help="held-out lines per task (default: all)")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--json", type=Path)
+
+
 def greedy(be, prefix, ids, max_tokens: int, eos: set[int]) -> tuple[list[int], np.ndarray]:
     """The greedy answer (EOS included when reached) and the first step's logits."""
     be.begin(prefix)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from kv_compare import add_common_args, greedy, held_out, teacher_forced
 
 
 def perturbed(be, prefix, rng):
@@ -46,14 +47,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
     ap.add_argument("--backend", choices=["onnx", "gguf"], required=True)
-    ap.add_argument("--limit", type=int, default=15)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--json", type=Path)
+    add_common_args(ap, limit=15)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kv_compare import greedy, held_out, teacher_forced
 
     from prefix_edge import Runtime
 

@@ -19,20 +19,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from kv_compare import add_common_args, greedy, held_out, teacher_forced
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
     ap.add_argument("--stores", default="f16,q8_0")
-    ap.add_argument("--max-tokens", type=int, default=256, help="cap on the task's own max_tokens")
-    ap.add_argument("--limit", type=int)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--json", type=Path)
+    add_common_args(ap)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kv_compare import greedy, held_out, teacher_forced
     from prefix_edge import Runtime
     from prefix_edge.bundle import prefixfile
     from prefix_edge.runtime.backend import Prefix
