@@ -31,9 +31,10 @@ AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Perfor
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
                             "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
-GGUF_CTX_CAP = 1 << 15       # positions per request on llama.cpp unless n_ctx says otherwise
-REQUEST_CELLS = 512          # llama.cpp cells per slot by default: input + the default max_tokens
-RESIDENT_SEQS = 16           # llama.cpp sequences kept for resident task prefixes
+GGUF_CTX_DEFAULT = 4096      # llama.cpp: positions per request unless n_ctx says otherwise
+GGUF_CTX_CAP = 1 << 15       # shared_kv: positions per request unless n_ctx says otherwise
+REQUEST_CELLS = 512          # shared_kv: cells per slot by default (input + default max_tokens)
+RESIDENT_SEQS = 16           # shared_kv: llama.cpp sequences kept for resident task prefixes
 RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
 
 
@@ -80,7 +81,7 @@ class Runtime:
         self.eos = set(manifest.model.eos_token_ids)
         self.last_result: Result | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-        if backend.name == "gguf":  # seq 0: the one-sequence API; then requests; then residents
+        if backend.name == "gguf" and backend.kv_unified:  # seq 0: one-sequence API; requests; residents
             req = tuple(range(1, slots + 1))
             resident = tuple(range(slots + 1, backend.n_seq_max))
         else:
@@ -94,14 +95,19 @@ class Runtime:
              threads: int | None = None, prefix_cache_size: int = 4,
              n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
              queue_size: int = 64, kv_cells: int | None = None,
-             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128) -> "Runtime":
+             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
+             shared_kv: bool = False) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
-        together (more wait in a queue of queue_size). llama.cpp: kv_cells is the KV cache
-        size shared by all requests and resident prefixes (allocated up front; default from the
-        bundle's longest prefix and slots), resident_bytes the budget of task prefixes kept
-        resident. verify: "cached" reuses a model file's hash while its stat identity is
+        together (more wait in a queue of queue_size). llama.cpp: every slot has a KV stream
+        of its own, n_ctx cells (default: the model's context, at most 4096), allocated up front
+        (kv_cells = slots * n_ctx; a kv_cells given caps n_ctx at kv_cells // slots); a request
+        then gives the tokens of its lone run in a fresh runtime whatever runs beside or before
+        it. shared_kv=True instead shares one cache of kv_cells cells (default from the longest
+        prefix and slots) between all requests and resident task prefixes (resident_bytes
+        their budget): less memory and task switches without a restore, but a greedy answer
+        may change with what else is in the cache (near-tie steps). verify: "cached" reuses a model file's hash while its stat identity is
         unchanged (runtime/verify.py); "full" always hashes."""
         from tokenizers import Tokenizer
 
@@ -148,8 +154,14 @@ class Runtime:
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
             raise PrefixEdgeError(f"slots must be <= 64, got {slots}")
-        ctx = manifest.model.n_ctx if backend == "onnx" else min(manifest.model.n_ctx, GGUF_CTX_CAP)
-        ctx = min(ctx, n_ctx) if n_ctx else ctx
+        if not isinstance(shared_kv, bool):
+            raise PrefixEdgeError(f"shared_kv must be true or false, got {shared_kv!r}")
+        ctx = manifest.model.n_ctx
+        if backend == "gguf":
+            ctx = min(ctx, GGUF_CTX_CAP if shared_kv else GGUF_CTX_DEFAULT)
+        ctx = min(manifest.model.n_ctx, n_ctx) if n_ctx else ctx
+        if backend == "gguf" and not shared_kv and kv_cells is not None:
+            ctx = min(ctx, kv_cells // slots)
         longest = max((t.prefix_tokens for t in manifest.tasks.values()), default=0)
         if longest >= ctx:
             raise PrefixEdgeError(f"the bundle's longest task prefix ({longest} tokens) does not fit "
@@ -159,16 +171,22 @@ class Runtime:
         if backend == "gguf":
             from .llama_lib import gguf_state_options
 
-            if kv_cells is None:  # residents of the longest prefix + room for every slot
-                kv_cells = min(2 * longest + slots * REQUEST_CELLS, slots * ctx)
-                kv_cells = max(1024, -(-kv_cells // 256) * 256)
-            extra = {"n_seq_max": 1 + slots + RESIDENT_SEQS, "n_batch": max(512, prefill_chunk),
+            if shared_kv:
+                if kv_cells is None:  # residents of the longest prefix + room for every slot
+                    kv_cells = min(2 * longest + slots * REQUEST_CELLS, slots * ctx)
+                    kv_cells = max(1024, -(-kv_cells // 256) * 256)
+                n_seq = 1 + slots + RESIDENT_SEQS
+            else:  # a stream per slot, of ctx cells (llama.cpp rounds a stream up to 256 cells)
+                kv_cells, n_seq = slots * ctx, slots
+            extra = {"n_seq_max": n_seq, "n_batch": max(512, prefill_chunk), "kv_unified": shared_kv,
                      **gguf_state_options(info.state)}
         else:
             # the model's hash (checked above) keys the session cache, whose files are verified alike
             kv_cells, extra = None, {"verify": verify, "model_sha256": actual[model_file]}
         be = open_backend(backend, root / model_file, device=device, threads=threads,
                           n_ctx=kv_cells or ctx, **extra)
+        if backend == "gguf" and not shared_kv:
+            ctx, kv_cells = min(ctx, be.n_ctx_seq), None  # a request's stream is its own: nothing shared to count
         if be.state_info() != info.state:
             be.close()
             raise PrefixEdgeError(

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
 from .backend import Prefix
-from .seqstate import all_finite, check_seq_state, parse_seq_state, row_bytes
+from .seqstate import all_finite, check_seq_state, in_stream, parse_seq_state, row_bytes
 
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
@@ -41,7 +41,7 @@ class LlamaBackend:
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
-                 n_batch: int | None = None, kv_type: str = "f16"):
+                 n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False):
         L = self._L = load_llama_cpp()
         self.model = self.ctx = self.batch = None
         if kv_type not in KV_TYPES:
@@ -105,10 +105,15 @@ class LlamaBackend:
         cp.n_ctx = n_ctx
         cp.n_batch = n_batch or n_ctx  # default: a whole prompt fits one llama_decode
         cp.n_ubatch = min(512, cp.n_batch)
-        # Several sequences (requests, resident task prefixes) in ONE unified KV cache: seq_cp
-        # then shares a prefix's cells between sequences instead of copying them.
+        # Several sequences. kv_unified=False (the runtime's default): each sequence has a KV
+        # stream of its own (n_ctx / n_seq_max cells) and always sits at the same cells, so its
+        # attention sums run in the same order whatever else is in the cache or the batch: a
+        # request's tokens equal its lone run. kv_unified=True: ONE cache shared by every
+        # sequence, seq_cp shares a prefix's cells instead of copying them (less memory), but a
+        # sequence's cells land wherever room is, and the sums' order (hence near-tie greedy
+        # tokens) follows the placement.
         cp.n_seq_max = n_seq_max
-        cp.kv_unified = True
+        cp.kv_unified = kv_unified
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
@@ -125,6 +130,9 @@ class LlamaBackend:
         self.n_batch = int(L.llama_n_batch(self.ctx))
         self.mem = L.llama_get_memory(self.ctx)
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
+        self.kv_unified = bool(kv_unified) or self.n_seq_max == 1
+        self.n_stream = 1 if self.kv_unified else self.n_seq_max
+        self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
         t = KV_TYPES[kv_type]
@@ -144,7 +152,7 @@ class LlamaBackend:
                "k_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim),
                "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
                "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
-               "max_cells": self.n_ctx}
+               "max_cells": self.n_ctx_seq}
         if n_tokens is not None:
             exp["cell_count"] = n_tokens
         return exp
@@ -215,7 +223,7 @@ class LlamaBackend:
             return 0
         if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
             self._check(prefix)
-        blob = np.ascontiguousarray(prefix.kv)
+        blob = in_stream(prefix.kv, seq, self.n_stream)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
         if n != blob.nbytes:
@@ -231,7 +239,8 @@ class LlamaBackend:
         return prefix.n_tokens
 
     def seq_copy(self, src: int, dst: int) -> None:
-        """dst := src, sharing src's KV cells (unified cache: no bytes are copied)."""
+        """dst := src: a unified cache shares src's cells (no bytes copied); with a stream per
+        sequence llama.cpp copies src's whole stream at the next decode."""
         self._live()
         self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
@@ -252,9 +261,9 @@ class LlamaBackend:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size == 0:
                 raise PrefixEdgeError("forward needs at least one token per sequence")
-            if pos + ids.size > self.n_ctx:
-                raise PrefixEdgeError(f"context full: {pos} + {ids.size} tokens exceed "
-                                      f"n_ctx={self.n_ctx} (no context shift)")
+            if pos + ids.size > self.n_ctx_seq:
+                raise PrefixEdgeError(f"context full: {pos} + {ids.size} tokens exceed the "
+                                      f"{self.n_ctx_seq} cells of a sequence (no context shift)")
             if ids.min() < 0 or ids.max() >= self.n_vocab:
                 raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
             if k + ids.size > self.n_batch:
@@ -318,9 +327,9 @@ class LlamaBackend:
         if not np.all(np.isfinite(emb)):
             raise PrefixEdgeError("prefill_embeddings: the embeddings hold NaN or infinite values")
         n_all = emb.shape[0]
-        if self.pos + n_all > self.n_ctx:
+        if self.pos + n_all > self.n_ctx_seq:
             raise PrefixEdgeError(f"context full: {self.pos} + {n_all} embeddings exceed "
-                                  f"n_ctx={self.n_ctx} (no context shift)")
+                                  f"n_ctx={self.n_ctx_seq} (no context shift)")
         for start in range(0, n_all, self.n_batch):
             chunk = emb[start:start + self.n_batch]
             n = chunk.shape[0]

@@ -341,20 +341,27 @@ class Scheduler:
 
     # the step ---------------------------------------------------------------------------
     def _step(self) -> None:
-        items, owners, budget = [], [], self.n_batch
-        for r in self.active:  # decoding requests first: one token each
+        """One step: ONE forward of every decoding request's next token (in sequence order,
+        which llama.cpp batches per stream), then a forward per prefill chunk (chunks of
+        `prefill_chunk` from the input's start, never cut by the batch's budget), so each
+        request sees the same kernel shapes as in its lone run."""
+        decode, budget = [], self.n_batch
+        for r in sorted(self.active, key=lambda r: r.seq):  # decoding requests: one token each
             if r.next_token is not None and budget >= 1:
-                items.append((r.seq, r.pos, np.array([r.next_token], np.int64)))
-                owners.append((r, 1, True))
+                decode.append(((r.seq, r.pos, np.array([r.next_token], np.int64)), (r, 1, True)))
                 budget -= 1
+        groups = [decode] if decode else []
         for r in self.active:  # then a prefill chunk for requests still reading their input
-            if r.next_token is None and r.fed < len(r.ids) and budget >= 1:
-                n = min(self.prefill_chunk, len(r.ids) - r.fed, budget)
-                items.append((r.seq, r.pos, r.ids[r.fed:r.fed + n]))
-                owners.append((r, n, r.fed + n == len(r.ids)))
+            if r.next_token is None and r.fed < len(r.ids):
+                n = min(self.prefill_chunk, len(r.ids) - r.fed)
+                if n > budget:
+                    break
+                groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])
                 budget -= n
-        if not items:
-            return
+        for group in groups:
+            self._forward([it for it, _ in group], [ow for _, ow in group])
+
+    def _forward(self, items: list, owners: list) -> None:
         try:
             logits = self.backend.forward(items)
         except Exception as e:

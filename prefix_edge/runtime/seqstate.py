@@ -356,3 +356,20 @@ def all_finite(blob, info: SeqStateInfo) -> bool:
             if count and np.any((np.frombuffer(buf, "<u2", count, off) & 0x7C00) == 0x7C00):
                 return False
     return True
+
+
+def in_stream(blob: np.ndarray, stream: int, n_stream: int) -> np.ndarray:
+    """A one-stream blob (as bundles store them) re-laid for a context with `n_stream` KV
+    streams (llama.cpp `kv_unified = false`: one stream per sequence), the cells in `stream`:
+    the stream count, then an empty stream (cell_count 0) for every other one."""
+    b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
+    if n_stream == 1:
+        return b
+    if b.size < 12 or int(b[8:12].view("<u4")[0]) != 1 or not 0 <= stream < n_stream:
+        raise PrefixEdgeError("seq-state blob: expected a one-stream blob to place in a stream")
+    out = np.zeros(b.size + 4 * (n_stream - 1), np.uint8)
+    out[:8] = b[:8]
+    out[8:12] = np.array([n_stream], "<u4").view(np.uint8)
+    at = 12 + 4 * stream
+    out[at:at + b.size - 12] = b[12:]
+    return out
