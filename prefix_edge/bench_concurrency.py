@@ -34,6 +34,9 @@ def run_all(bundle: Path, backends: list[str], threads: int, log=print) -> dict:
     for b in backends:
         log(f"concurrency: {b} ...")
         report[b] = run(bundle, b, threads)
+        if b == "gguf":  # the opt-in shared cache: one copy of a prefix for every request
+            log("concurrency: gguf (shared_kv) ...")
+            report["gguf_shared_kv"] = run(bundle, b, threads, shared_kv=True)
     return report
 
 
@@ -57,14 +60,15 @@ def pick_tasks(manifest) -> tuple[str, str, str]:
     return tuple((text * 3)[:3])
 
 
-def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48) -> dict:
+def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv: bool = False) -> dict:
     from . import Runtime
     from .bundle import Manifest
 
     LONG, MID, SHORT = names = pick_tasks(Manifest.read(bundle))
     out: dict = {"tasks": {n: Manifest.read(bundle).tasks[n].prefix_tokens for n in names}}
     q = "How long do deleted files stay in the trash on the Plus plan? "
-    with Runtime.open(bundle, backend=backend, threads=threads, slots=8) as rt:
+    extra = {"shared_kv": True} if shared_kv else {}
+    with Runtime.open(bundle, backend=backend, threads=threads, slots=8, **extra) as rt:
         ban = {int(e): -100.0 for e in rt.eos}
         opts = dict(max_tokens=n_tokens, logit_bias=ban)
         rt.generate(LONG, q, max_tokens=4)  # warm up
@@ -93,6 +97,10 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48) -> dict:
 
         def snapshot(sched):
             own = [r.pos - P for r in sched.active]  # each request's cells beyond the prefix
+            if backend == "gguf" and not shared_kv:  # a stream per request: its own prefix copy
+                return {"requests": len(own), "own_cells": sum(own), "shared_cells": 0,
+                        "prefix_cells": P * len(own),
+                        "own_bytes": (sum(own) + P * len(own)) * sched.backend.bytes_per_cell}
             if backend == "gguf":
                 used = used_cells(sched.backend)
                 return {"requests": len(own), "used_cells": used, "own_cells": sum(own),
@@ -112,7 +120,8 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48) -> dict:
         mem["snapshots"] = snaps
         if backend == "gguf":  # shared prefix cells are counted once; a request adds its own
             per = snaps[8]["own_bytes"] / max(snaps[8]["requests"], 1)
-            mem["prefix_copies_held"] = round(snaps[8]["shared_cells"] / P, 3)
+            held = snaps[8]["shared_cells"] if shared_kv else snaps[8]["prefix_cells"]
+            mem["prefix_copies_held"] = round(held / P, 3)
         else:
             per = (snaps[8]["kv_bytes"] - snaps[1]["kv_bytes"]) / 7
         mem["added_bytes_per_request"] = int(per)

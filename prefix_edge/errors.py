@@ -14,3 +14,8 @@ class RuntimeBusy(PrefixEdgeError):
 
 class RuntimeClosed(PrefixEdgeError):
     """The runtime was closed (a server answers 503)."""
+
+
+class ContextLengthExceeded(PrefixEdgeError):
+    """The prefix + input cannot fit the context one request may use (a server answers 400,
+    code context_length_exceeded)."""

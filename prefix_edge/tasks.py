@@ -226,6 +226,18 @@ def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
     return adapter
 
 
+MAX_LOGIT_BIAS = 300
+
+
+def check_text(text: str, what: str) -> None:
+    """Text must be encodable as UTF-8: a lone surrogate (e.g. JSON's "\\ud800") is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PrefixEdgeError(f"{what} is not valid text: a lone surrogate (U+{ord(text[e.start]):04X}) "
+                              f"at character {e.start}") from None
+
+
 def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
     """Type and range checks shared by task files, the CLI, the Python API and the server.
     Returns the options normalised (ints accepted as floats, logit_bias keys as ints)."""
@@ -247,10 +259,15 @@ def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
         elif typ is list:
             if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and x for x in value):
                 raise PrefixEdgeError(f"{key} must be a list of non-empty strings, got {value!r}")
+            for x in value:
+                check_text(x, key)
             out[key] = list(value)
         elif typ is dict:
             if not isinstance(value, dict):
                 raise PrefixEdgeError(f"{key} must be a mapping of token id to bias, got {value!r}")
+            if len(value) > MAX_LOGIT_BIAS:
+                raise PrefixEdgeError(f"{key} has {len(value)} entries; at most {MAX_LOGIT_BIAS} "
+                                      "(as OpenAI's API)")
             bias = {}
             for k, v in value.items():
                 try:

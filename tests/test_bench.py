@@ -52,8 +52,10 @@ def test_bench_concurrency_report(bundle_int4, tmp_path):
         assert set(r["ttft_8_in_flight_ms"]) == {"p50", "p99"}
         assert r["cancel_ms"]["mid_decode_median"] >= 0
     if "gguf" in rep:
-        mem = rep["gguf"]["memory"]
+        mem = rep["gguf_shared_kv"]["memory"]
         snap = mem["snapshots"]["8"]
         assert snap["requests"] == 8
         assert snap["shared_cells"] == mem["prefix_tokens"]  # one copy of the prefix, not 8
         assert mem["prefix_copies_held"] == 1.0
+        # the default (a KV stream per request) holds a copy per request
+        assert rep["gguf"]["memory"]["prefix_copies_held"] == 8.0

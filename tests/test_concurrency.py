@@ -187,12 +187,12 @@ def test_astream_matches_stream(bundle_int4, reference):
 
 
 def test_gguf_prefix_cells_are_shared(bundle_int4):
-    """N requests of one task in flight hold ONE copy of the prefix cells (seq_cp from a resident
+    """shared_kv=True: N requests of one task in flight hold ONE copy of the prefix cells (seq_cp from a resident
     sequence): counted in llama.cpp's own KV cache, on the engine thread between two steps."""
     pytest.importorskip("llama_cpp")
     import llama_cpp as L
 
-    with Runtime.open(bundle_int4, backend="gguf", slots=4) as rt:
+    with Runtime.open(bundle_int4, backend="gguf", slots=4, shared_kv=True) as rt:
         P = rt.manifest.tasks["support"].prefix_tokens
         streams = [rt.stream("support", INPUTS[k % 3], max_tokens=300, **_no_eos(rt)) for k in range(4)]
         for s in streams:

@@ -52,7 +52,7 @@ def run(
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                 min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache)
-    with Runtime.open(bundle, backend=backend, device=device, threads=threads) as rt:
+    with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1) as rt:
         if as_json:
             r = rt.generate(task, text, **opts)
             keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",

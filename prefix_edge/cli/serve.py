@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from ..serve.lifecycle import GRACE
+from ..serve.limits import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY, MAX_CONNECTIONS
 from . import app
 
 
@@ -18,10 +20,18 @@ def serve(
     backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto."),
     device: str = typer.Option("cpu", "--device"),
     threads: Optional[int] = typer.Option(None, "--threads"),
-    slots: int = typer.Option(4, "--slots", help="Requests decoded together."),
+    slots: int = typer.Option(4, "--slots", help="Requests decoded together (llama.cpp: a KV stream each)."),
+    n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Positions one request may use: prefix + input + output (default: the model's context; llama.cpp: at most 4096)."),
+    kv_cells: Optional[int] = typer.Option(None, "--kv-cells", help="llama.cpp KV cells in all (default: slots x n-ctx; with --shared-kv: from the longest prefix and slots)."),
+    shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
+    max_body: int = typer.Option(MAX_BODY, "--max-body", help="Largest request body in bytes (413 beyond)."),
+    body_timeout: float = typer.Option(BODY_TIMEOUT, "--body-timeout", help="Seconds to receive a request body (408 beyond)."),
+    header_timeout: float = typer.Option(HEADER_TIMEOUT, "--header-timeout", help="Seconds to receive a request head; the connection is closed beyond."),
+    max_connections: int = typer.Option(MAX_CONNECTIONS, "--max-connections", help="Open connections; beyond, new ones are closed at once."),
+    grace: float = typer.Option(GRACE, "--grace", help="Seconds running requests may take to finish after SIGTERM/SIGINT; then they end with an error."),
 ) -> None:
     """Serve the bundle's tasks as models over an OpenAI-compatible HTTP API."""
     from ..errors import PrefixEdgeError
@@ -33,15 +43,35 @@ def serve(
     except ImportError:
         raise PrefixEdgeError("the server needs its extra: pip install 'prefix-edge[serve]'") from None
     from ..runtime.generate import Runtime
+    from ..serve.lifecycle import bind, make_server
+    from ..serve.limits import protocol_class, raise_fd_limit
 
-    if not 0 < port < 65536:
-        raise PrefixEdgeError(f"--port must be in 1..65535, got {port}")
-    rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
-                      queue_size=queue_size)
+    for name, value, low in (("--max-body", max_body, 1), ("--body-timeout", body_timeout, 0.001),
+                             ("--header-timeout", header_timeout, 0.001),
+                             ("--max-connections", max_connections, 1), ("--grace", grace, 0)):
+        if value < low:
+            raise PrefixEdgeError(f"{name} must be >= {low}, got {value}")
+    sock = bind(host, port)  # a port in use fails here, before the model loads
+    raise_fd_limit()
+    try:
+        rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
+                          queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv)
+    except BaseException:
+        sock.close()
+        raise
     try:
         application = create_app(rt, api_key=api_key,
-                                 cors_origins=[o.strip() for o in cors.split(",")] if cors else None)
+                                 cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
+                                 max_body=max_body, body_timeout=body_timeout)
+        config = uvicorn.Config(application, log_level="warning", lifespan="off",
+                                http=protocol_class(header_timeout, max_connections))
+        server = make_server(config, application.state.server, grace)
         typer.echo(f"serving {len(rt.tasks)} tasks ({rt.backend.name}) on http://{host}:{port}/v1", err=True)
-        uvicorn.run(application, host=host, port=port, log_level="warning")
+        server.run(sockets=[sock])
     finally:
         rt.close()
+        sock.close()
+    cut = application.state.server.cut_requests
+    if cut:
+        typer.echo(f"shutdown: {cut} request(s) still running after {grace:g} s were ended with an error", err=True)
+        raise typer.Exit(1)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..bundle import Manifest
-from ..errors import PrefixEdgeError, RuntimeClosed
-from ..tasks import check_generation, fill_template
+from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
+from ..tasks import check_generation, check_text, fill_template
 from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .sampling import Sampler
@@ -73,7 +73,7 @@ class Runtime:
     def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
                  prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 kv_cells: int | None = None, verify: str = "cached"):
+                 kv_cells: int | None = None, verify: str = "cached", shared_kv: bool = False):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
         self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
@@ -81,7 +81,8 @@ class Runtime:
         self.eos = set(manifest.model.eos_token_ids)
         self.last_result: Result | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-        if backend.name == "gguf" and backend.kv_unified:  # seq 0: one-sequence API; requests; residents
+        self.shared_kv = shared_kv and backend.name == "gguf"
+        if self.shared_kv:  # seq 0: the one-sequence API; then requests; then residents
             req = tuple(range(1, slots + 1))
             resident = tuple(range(slots + 1, backend.n_seq_max))
         else:
@@ -195,7 +196,8 @@ class Runtime:
         tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
         return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size, n_ctx=ctx,
                    slots=slots, queue_size=queue_size, prefill_chunk=prefill_chunk,
-                   resident_bytes=resident_bytes, kv_cells=kv_cells, verify=verify)
+                   resident_bytes=resident_bytes, kv_cells=kv_cells, verify=verify,
+                   shared_kv=shared_kv)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -270,7 +272,17 @@ class Runtime:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items()
                 if v is not None and k not in ("use_prefix_cache", "raw_special_tokens")}
-        return task_options(self.manifest.tasks[task].defaults, over)
+        opts = task_options(self.manifest.tasks[task].defaults, over)
+        n_vocab = self._n_vocab
+        bad = next((t for t in opts["logit_bias"] if t >= n_vocab), None)
+        if bad is not None:
+            raise PrefixEdgeError(f"logit_bias: token id {bad} is outside this model's vocabulary "
+                                  f"(0..{n_vocab - 1})")
+        return opts
+
+    @functools.cached_property
+    def _n_vocab(self) -> int:
+        return int(getattr(self.backend, "n_vocab", 0) or self.tokenizer.get_vocab_size(True))
 
     @functools.cached_property
     def _text_tokenizer(self):
@@ -311,6 +323,7 @@ class Runtime:
                                   f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
         if not isinstance(text, str):
             raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
+        check_text(text, "the input")
         raw = overrides.get("raw_special_tokens", False)
         if not isinstance(raw, bool):
             raise PrefixEdgeError(f"raw_special_tokens must be true or false, got {raw!r}")
@@ -324,9 +337,11 @@ class Runtime:
         P = self.manifest.tasks[task].prefix_tokens
         room = self.n_ctx - P - len(ids)
         if room < 1:
-            raise PrefixEdgeError(
+            raise ContextLengthExceeded(
                 f"input is {len(ids)} tokens; with task '{task}''s prefix of {P} tokens that exceeds "
-                f"the model's context of {self.n_ctx} tokens")
+                f"the {self.n_ctx} tokens a request may use"
+                + (f" (n_ctx; the model's context is {self.manifest.model.n_ctx})"
+                   if self.n_ctx < self.manifest.model.n_ctx else " (the model's context)"))
         max_tokens = min(opts["max_tokens"], room)
         t_load = time.perf_counter()
         with self._prefix_lock:

@@ -51,6 +51,7 @@ class Request:
     prefix_cached: bool = True
     t0: float = field(default_factory=time.perf_counter)
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    notify: object = None        # called (engine thread) after each event: an asyncio consumer's wake-up
     cancel_reason: str | None = None
     # engine-side state
     seq: int = -1
@@ -65,6 +66,15 @@ class Request:
     t_first: float | None = None
     t_last: float | None = None
     done: bool = False
+
+    def emit(self, kind: str, value) -> None:
+        self.events.put((kind, value))
+        wake = self.notify
+        if wake is not None:
+            try:
+                wake()
+            except Exception:  # a closed event loop: its consumer is gone
+                pass
 
 
 @dataclass
@@ -225,13 +235,13 @@ class Scheduler:
             r.uses_resident = False
         r.reserved = 0
         if error is not None:
-            r.events.put(("error", error))
+            r.emit("error", error)
         else:
             tail = r.text.flush()
             if tail:
                 r.chunks.append(tail)
-                r.events.put(("text", tail))
-            r.events.put(("done", reason))
+                r.emit("text", tail)
+            r.emit("done", reason)
 
     # cells ------------------------------------------------------------------------------
     def _cells_used(self) -> int:
@@ -392,7 +402,7 @@ class Scheduler:
         chunk = r.text.push(tok)
         if chunk:
             r.chunks.append(chunk)
-            r.events.put(("text", chunk))
+            r.emit("text", chunk)
         if r.text.stopped:
             return self._finish(r, "stop")
         if r.n_samples >= r.max_tokens:

@@ -100,11 +100,13 @@ class Stream:
 
 
 class AsyncStream:
-    """`async for chunk in rt.astream(...)`. Events are read in a worker thread, so the event
-    loop never blocks; leaving the loop early or cancelling the task cancels the request."""
+    """`async for chunk in rt.astream(...)`. The engine thread wakes the event loop itself
+    (call_soon_threadsafe) after each event, so a waiting stream holds no thread, and any number
+    of streams wait at once; leaving the loop early or cancelling the task cancels the request."""
 
     def __init__(self, stream: Stream):
         self._s = stream
+        self._wake = None
 
     @property
     def result(self) -> Result | None:
@@ -123,14 +125,25 @@ class AsyncStream:
     async def __anext__(self) -> str:
         if self._s.done:
             raise StopAsyncIteration
-        import asyncio  # already loaded where a loop runs; not at every runtime import
+        req = self._s._req
+        if self._wake is None:
+            import asyncio  # already loaded where a loop runs; not at every runtime import
 
-        loop = asyncio.get_running_loop()
-        try:
-            kind, value = await loop.run_in_executor(None, self._s._req.events.get)
-        except BaseException:  # cancelled while waiting: the request goes too
-            self._s.cancel()
-            raise
+            loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+            wake = self._wake
+            req.notify = lambda: loop.call_soon_threadsafe(wake.set)
+        while True:
+            self._wake.clear()
+            try:
+                kind, value = req.events.get_nowait()
+                break
+            except queue.Empty:
+                pass
+            try:
+                await self._wake.wait()
+            except BaseException:  # cancelled while waiting: the request goes too
+                self._s.cancel()
+                raise
         try:
             return self._s._take(kind, value)
         except StopIteration:

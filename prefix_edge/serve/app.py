@@ -6,11 +6,17 @@
 One Runtime serves every request (its scheduler batches them). A chat request's input is its
 one user message: the task's prefix *is* the conversation so far, so earlier turns and extra
 system messages are refused with a 400 naming `messages`, never silently dropped. Errors have
-OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+OpenAI's shape: {"error": {"message", "type", "param", "code"}}; a client's mistake is a 4xx.
+
+The event loop does no O(input) work: the body is parsed, checked and tokenized in a worker
+thread, and a waiting response holds no thread (the engine thread wakes the loop). A client
+that goes away cancels its request at once, streamed or not. Limits: limits.py; shutdown:
+lifecycle.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -19,11 +25,29 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from .limits import BODY_TIMEOUT, MAX_BODY, BodyLimits
 from .metrics import Metrics
-from .schema import ApiError, completion_params, chat_input
+from .schema import ApiError, check_strings, completion_params, chat_input
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
+DISCONNECTED = 499  # counted in /metrics for a client that left before its answer
+
+
+class ServerState:
+    """What shutdown needs to know: whether new requests are refused, the requests in flight,
+    and how many of them were cut."""
+
+    def __init__(self):
+        self.draining = False
+        self.live: set = set()
+        self.cut_requests = 0
+
+    def cut(self, reason: str = "shutdown") -> None:
+        for h in list(self.live):
+            if not h.done:
+                self.cut_requests += 1
+                h.cancel(reason)
 
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -32,19 +56,23 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
                         status_code=status, headers=headers)
 
 
-def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None) -> FastAPI:
+def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None,
+               max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
+    state = ServerState()
     created = int(time.time())
     tasks = rt.tasks  # fixed for the runtime's life
+    # the last one added runs first: body limits, then CORS (a preflight is answered before
+    # any key check), then the key
+    if api_key:  # a plain ASGI wrapper: BaseHTTPMiddleware would re-buffer streamed responses
+        app.add_middleware(_BearerAuth, key=api_key)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
-
-    if api_key:  # a plain ASGI wrapper: BaseHTTPMiddleware would re-buffer streamed responses
-        app.add_middleware(_BearerAuth, key=api_key)
+    app.add_middleware(BodyLimits, max_body=max_body, timeout=body_timeout)
 
     @app.get("/health")
     async def health():
@@ -65,58 +93,84 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
              "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
             for name, t in sorted(tasks.items())]}
 
-    async def body_of(request: Request) -> dict:
-        raw = await request.body()
+    def parse(raw: bytes, chat: bool) -> tuple:
+        """In a worker thread: the body parsed and checked, and the request started. An
+        ApiError carries the model (for /metrics) once it is known."""
+        seen = {"model": ""}
+        try:
+            return _parse(raw, chat, seen)
+        except (ApiError, RuntimeBusy, RuntimeClosed) as e:
+            e.model = seen["model"]
+            raise
+
+    def _parse(raw: bytes, chat: bool, seen: dict) -> tuple:
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
             raise ApiError(400, "the request body is not valid JSON")
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
-        return body
+        check_strings(body)
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
+        if model not in tasks:
+            raise ApiError(404, f"the model `{model}` does not exist; this server's models "
+                           f"(tasks) are: {', '.join(sorted(tasks))}", "model", "model_not_found")
+        seen["model"] = model
+        text = chat_input(body) if chat else _prompt(body)
+        opts, stream, include_usage = completion_params(body)
+        try:
+            return model, rt.astream(model, text, **opts), stream, include_usage
+        except (RuntimeBusy, RuntimeClosed):
+            raise
+        except ContextLengthExceeded as e:
+            raise ApiError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded")
+        except PrefixEdgeError as e:
+            raise ApiError(400, str(e), _param_of(str(e)) or ("messages" if chat else "prompt"))
 
     async def complete(request: Request, chat: bool):
-        model = None
+        if state.draining:
+            return error(503, "the server is shutting down", "server_error", None, "unavailable",
+                         {"Retry-After": "5", "Connection": "close"})
+        raw = await request.body()
         try:
-            body = await body_of(request)
-            model = body.get("model")
-            if not isinstance(model, str):
-                raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
-            if model not in tasks:
-                raise ApiError(404, f"the model `{model}` does not exist; this server's models "
-                               f"(tasks) are: {', '.join(sorted(tasks))}", "model",
-                               "model_not_found")
-            text = chat_input(body) if chat else _prompt(body)
-            opts, stream, include_usage = completion_params(body)
+            model, handle, stream, include_usage = await asyncio.to_thread(parse, raw, chat)
         except ApiError as e:
-            metrics.count(model if isinstance(model, str) and model in tasks else "", e.status)
+            metrics.count(e.model, e.status)
             return error(e.status, e.message, param=e.param, code=e.code)
-        try:
-            handle = rt.astream(model, text, **opts)
         except RuntimeBusy as e:
-            metrics.count(model, 429)
+            metrics.count(e.model, 429)
             return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
         except RuntimeClosed as e:
-            metrics.count(model, 503)
+            metrics.count(e.model, 503)
             return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
-        except PrefixEdgeError as e:
-            metrics.count(model, 400)
-            return error(400, str(e), param=_param_of(str(e)))
+        state.live.add(handle)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if stream:
-            return StreamingResponse(_sse(handle, rid, model, chat, include_usage, request, metrics),
+            return StreamingResponse(_sse(handle, rid, model, chat, include_usage, metrics, state),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watcher = asyncio.create_task(_watch_disconnect(request, handle))
         parts = []
         try:
             async for chunk in handle:
                 parts.append(chunk)
-                if await request.is_disconnected():
-                    handle.cancel()
         except PrefixEdgeError as e:
             metrics.count(model, 500)
             return error(500, str(e), "server_error")
+        finally:
+            watcher.cancel()
+            state.live.discard(handle)
         r = handle.result
+        if r.stats.finish_reason == "disconnected":
+            metrics.count(model, DISCONNECTED)
+            metrics.disconnected += 1
+            return error(400, "the client disconnected", code="client_disconnected")  # nobody reads it
+        if r.stats.finish_reason == "shutdown":
+            metrics.count(model, 503)
+            return error(503, "the server shut down before this request finished", "server_error",
+                         None, "server_shutdown", {"Retry-After": "5"})
         metrics.observe(model, r)
         text_out = "".join(parts)
         choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
@@ -137,6 +191,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         return await complete(request, chat=False)
 
     app.state.metrics = metrics
+    app.state.server = state
     return app
 
 
@@ -182,8 +237,18 @@ def _usage(r) -> dict:
             "prompt_tokens_details": {"cached_tokens": r.stats.prefix_tokens if r.stats.prefix_cached else 0}}
 
 
-async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool, request: Request,
-               metrics: Metrics):
+async def _watch_disconnect(request: Request, handle) -> None:
+    """Cancel `handle` as soon as the client's connection goes away (its body is already read:
+    the next ASGI message is the disconnect)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            handle.cancel("disconnected")
+            return
+
+
+async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool, metrics: Metrics,
+               state: ServerState):
     created = int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -199,12 +264,21 @@ async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool, re
             return {"index": 0, "delta": d, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
+    def failure(message: str, type_: str, code: str | None) -> str:
+        err = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
+
     try:
         if chat:
             yield frame([delta(None, None, role=True)])
         async for chunk in handle:
             yield frame([delta(chunk, None)])
         r = handle.result
+        if r.stats.finish_reason == "shutdown":  # never a silent cut: the client sees why
+            metrics.count(model, 503)
+            yield failure("the server shut down before this answer finished", "server_error",
+                          "server_shutdown")
+            return
         metrics.observe(model, r)
         yield frame([delta(None, FINISH.get(r.stats.finish_reason, "stop"))])
         if include_usage:
@@ -212,9 +286,10 @@ async def _sse(handle, rid: str, model: str, chat: bool, include_usage: bool, re
         yield "data: [DONE]\n\n"
     except PrefixEdgeError as e:
         metrics.count(model, 500)
-        err = {"error": {"message": str(e), "type": "server_error", "param": None, "code": None}}
-        yield f"data: {json.dumps(err)}\n\n"
+        yield failure(str(e), "server_error", None)
     finally:
+        state.live.discard(handle)
         if not handle.done:  # the client went away: stop generating for it
-            handle.cancel()
+            handle.cancel("disconnected")
+            metrics.count(model, DISCONNECTED)
             metrics.disconnected += 1

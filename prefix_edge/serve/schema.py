@@ -17,7 +17,31 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "store", "parallel_tool_calls", "service_tier", "echo", "logprobs", "top_logprobs",
            "suffix", "best_of", "max_tokens", "max_completion_tokens", "temperature", "top_p",
            "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
-           "top_k", "min_p", "repetition_penalty", "response_format"}
+           "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
+           "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities"}
+MAX_LOGIT_BIAS = 300  # OpenAI's cap
+
+
+def check_strings(body, where: str = "") -> None:
+    """Every string in the body (keys too) must be text: a lone surrogate ("\\ud800") is a 400
+    naming the field, never a 500 when it is tokenized or echoed back."""
+    stack = [(where, body)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                field = path or "body"
+                raise ApiError(400, f"`{field}` is not valid text: a lone surrogate at character "
+                               f"{e.start}", (path.split(".")[0].split("[")[0]) or None)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str):
+                    stack.append((path, k))
+                stack.append((f"{path}.{k}" if path else str(k), x))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
 
 
 def _num(body: dict, key: str, lo: float, hi: float) -> float | None:
@@ -48,6 +72,12 @@ def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
     for key in ("tools", "functions"):
         if body.get(key):
             raise ApiError(400, f"`{key}` is not supported by this server", key)
+    for key in ("tool_choice", "function_call"):
+        if body.get(key) not in (None, "none"):
+            raise ApiError(400, f"`{key}` is not supported by this server (no tools)", key)
+    mod = body.get("modalities")
+    if mod is not None and mod != ["text"]:
+        raise ApiError(400, "`modalities`: this server answers text only ([\"text\"])", "modalities")
     if body.get("logprobs") or body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) != 1:
         key = next(k for k in ("logprobs", "echo", "suffix", "best_of") if body.get(k))
         raise ApiError(400, f"`{key}` is not supported by this server", key)
@@ -79,6 +109,9 @@ def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
     if bias is not None:
         if not isinstance(bias, dict):
             raise ApiError(400, "`logit_bias` must map token ids to numbers in [-100, 100]", "logit_bias")
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ApiError(400, f"`logit_bias` has {len(bias)} entries; at most {MAX_LOGIT_BIAS}",
+                           "logit_bias")
         out = {}
         for k, v in bias.items():
             try:
