@@ -90,3 +90,42 @@ def test_trained_sentiment_beats_its_prompt(home, backend):
     assert trained["score"] >= prompt["score"] + 0.4, (trained["score"], prompt["score"])
     if backend == "gguf":
         assert trained["score"] >= 0.9, trained["score"]
+
+
+def test_gguf_answers_do_not_move_with_history_or_load(home):
+    """The default Q4_1 bundle (llama.cpp): every request equals its lone run in a fresh runtime,
+    sequentially after other tasks' requests and from 6 threads at once (the unified cache this
+    replaced matched in 13/18 and 17/24 here)."""
+    import os
+    import threading
+    from pathlib import Path
+
+    from prefix_edge import Runtime
+
+    bundle = Path(home["PREFIX_EDGE_HOME"]) / "bundles" / "smollm2-135m"
+    reqs = [("support", "My parcel arrived damaged and the box was wet, what can I do?"),
+            ("extract", "Hi, this is Tom Baker from Leeds, I'd like 2 blue mugs."),
+            ("sentiment", "The battery died after two days and support never answered."),
+            ("translate", "Where is the nearest train station?")]
+    opts = dict(max_tokens=32)
+    assert os.path.isdir(bundle)
+    refs = []
+    for t, x in reqs:
+        with Runtime.open(bundle, backend="gguf") as rt:
+            refs.append(rt.generate(t, x, **opts).tokens)
+    with Runtime.open(bundle, backend="gguf", slots=4) as rt:
+        seq = [rt.generate(*reqs[i % 4], **opts).tokens == refs[i % 4] for i in (0, 2, 1, 3, 2, 0, 3, 1)]
+        got = []
+
+        def worker(w):
+            for j in range(3):
+                i = (w + j) % 4
+                got.append(rt.generate(*reqs[i], **opts).tokens == refs[i])
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert seq == [True] * 8
+    assert got == [True] * 18
