@@ -107,3 +107,27 @@ def test_cache_keeps_the_most_recent_entries(bundle_int4, bundle_fp32, bundle_op
     assert len(list((home / "ort-cache").iterdir())) == 2
     assert OnnxBackend(_model(bundle_optimum), threads=2).session_source == "cache"
     assert OnnxBackend(_model(bundle_int4), threads=2).session_source == "saved"  # evicted first
+
+
+def test_half_published_entry_of_a_dead_process_is_rebuilt_at_once(bundle_int4, home):
+    """A kill -9 between publishing an entry's files and its entry.json leaves a dir without
+    entry.json: when its publisher is dead the next open rebuilds it at once (a live publisher's
+    dir is left alone: it is still writing)."""
+    import platform
+    import subprocess
+    import sys
+
+    path = _model(bundle_int4)
+    assert OnnxBackend(path, threads=2).session_source == "saved"
+    (entry,) = list((home / "ort-cache").iterdir())
+    os.remove(entry / "entry.json")
+    assert (entry / ort_cache.PUBLISHER).read_text() == f"{platform.node()} {os.getpid()}"
+    # published by this (live) process: not removed, not used
+    assert OnnxBackend(path, threads=2).session_source == "saved"
+    assert entry.is_dir() and not (entry / "entry.json").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (entry / ort_cache.PUBLISHER).write_text(f"{platform.node()} {dead.pid}")
+    assert OnnxBackend(path, threads=2).session_source == "saved"  # rebuilt now, not in 10 minutes
+    assert (entry / "entry.json").is_file()
+    assert OnnxBackend(path, threads=2).session_source == "cache"

@@ -70,8 +70,9 @@ def cached_model(model_sha256: str, verify: str = "cached") -> Path | None:
         os.utime(entry / "entry.json")  # most recently used
     except FileNotFoundError:
         try:  # a dir without entry.json: being published, or left by a process that died
-            if entry.is_dir() and entry.stat().st_mtime < time.time() - 600:
-                shutil.rmtree(entry, ignore_errors=True)
+            if entry.is_dir() and (not _publisher_alive(entry)
+                                   or entry.stat().st_mtime < time.time() - 600):
+                shutil.rmtree(entry, ignore_errors=True)  # rebuilt by this open
         except OSError:
             pass
         return None
@@ -79,6 +80,28 @@ def cached_model(model_sha256: str, verify: str = "cached") -> Path | None:
         shutil.rmtree(entry, ignore_errors=True)
         return None
     return entry / FILES[0]
+
+
+PUBLISHER = "publisher"  # the pid (and host) of the process that made an entry
+
+
+def _publisher_alive(entry: Path) -> bool:
+    """Whether the process that is publishing `entry` may still be at it (False once it is
+    known dead: a kill -9 between the rename and entry.json leaves such a dir)."""
+    try:
+        host, _, pid = (entry / PUBLISHER).read_text().partition(" ")
+        pid_n = int(pid)
+    except (OSError, ValueError):
+        return True  # unknown: only the age rule applies
+    if host != platform.node():
+        return True
+    try:
+        os.kill(pid_n, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: alive
+        return True
+    return True
 
 
 def session(model_path: Path, options, providers: list[str], model_sha256: str, verify: str = "cached"):
@@ -116,6 +139,7 @@ def _save_options(opts, model_sha256: str) -> Path | None:
     try:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
+        (staging / PUBLISHER).write_text(f"{platform.node()} {os.getpid()}")
     except OSError:
         return None
     opts.optimized_model_filepath = str(staging / FILES[0])
