@@ -19,3 +19,17 @@ class RuntimeClosed(PrefixEdgeError):
 class ContextLengthExceeded(PrefixEdgeError):
     """The prefix + input cannot fit the context one request may use (a server answers 400,
     code context_length_exceeded)."""
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what caused it) is a full disk, however a library wrapped it."""
+    import errno
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

@@ -234,3 +234,26 @@ def test_export_of_a_broken_model_dir_is_one_line(tasks_file, tmp_path, config, 
     assert_one_line_error(p, "cannot load the model")
     assert not (tmp_path / "out").exists()
     assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".out.")] == []
+
+
+@pytest.mark.parametrize("size", ["300k", "900k"])
+def test_full_disk_at_export_is_named(tiny_model, tasks_file, tmp_path, size):
+    """An export onto a full disk (a small tmpfs; root only) is one line naming the full disk,
+    at whichever stage it runs out, not "cannot load the model"."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        p = cli("export", tiny_model, "--tasks", tasks_file, "--out", mnt / "b", "--quantize", "none")
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+    err = p.stderr.decode().strip().splitlines()
+    assert p.returncode == 1 and err[-1].startswith("error: No space left on device"), err[-3:]
+    assert not any("Traceback" in line for line in err)

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, disk_full
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run task-specialised language models with precomputed KV prefixes.")
@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> None:
         print("aborted", file=sys.stderr)
         sys.exit(1)
     except Exception as e:  # click usage errors (click's, or the copy typer vendors)
+        if disk_full(e):
+            where = getattr(e, "filename", None)
+            print(f"error: No space left on device{f' writing {where}' if where else ''}: free "
+                  "some space or use another disk", file=sys.stderr)
+            sys.exit(1)
         show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
         if callable(show) and isinstance(code, int):
             show()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, layout, sha256_file
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, disk_full
 from ..tasks import load_tasks, render_task, text_hash
 from .progress import Stages
 
@@ -286,6 +286,9 @@ class _one_line:
             return False
         if not isinstance(exc, Exception):
             return False
+        if disk_full(exc):
+            raise PrefixEdgeError(f"No space left on device ({self.what.split(': ')[0]}): free "
+                                  "some space or export to another disk") from None
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PrefixEdgeError(f"{self.what}: {type(exc).__name__}{': ' + msg if msg else ''}") from None
 
