@@ -51,7 +51,7 @@ def test_cached_session_is_bit_identical(request, home, monkeypatch, bundle):
     first = OnnxBackend(path, threads=2)
     assert first.session_source == "saved"
     (entry,) = [d for d in (home / "ort-cache").iterdir()]
-    assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in entry.iterdir()) == ["entry.json", "model.onnx", "model.onnx.data", ort_cache.PUBLISHER]
     second = OnnxBackend(path, threads=2)
     assert second.session_source == "cache"
     assert OnnxBackend(path, threads=2, verify="full").session_source == "cache"  # re-hashed, same

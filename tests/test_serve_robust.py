@@ -390,3 +390,16 @@ def test_chaos(bundle_int4):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_unknown_routes_and_model_lookup_are_openai_shaped(server):
+    base, _ = server
+    r = httpx.get(base + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(base + "/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert httpx.get(base + "/v1/models/support").json()["id"] == "support"
+    r = httpx.get(base + "/v1/models/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+    assert c.models.retrieve("sentiment").id == "sentiment"

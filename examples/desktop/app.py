@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     a = ap.parse_args()
     try:
-        rt = Runtime.open(a.bundle, backend=a.backend)
+        rt = Runtime.open(a.bundle, backend=a.backend, slots=2)  # one answer at a time (+1 while a cancel lands)
     except PrefixEdgeError as e:
         raise SystemExit(f"error: {e}")
     root = tk.Tk()

@@ -261,7 +261,10 @@ class Runtime:
     def engine_info(self) -> dict:
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched
-        return {"backend": self.backend.name, "slots": s.slots, "kv_cells": s.kv_cells,
+        cells = s.kv_cells if s.kv_cells is not None else getattr(self.backend, "n_ctx", None) \
+            if self.backend.name == "gguf" else None
+        return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
+                "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), **s.stats}
 

@@ -85,13 +85,31 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         return PlainTextResponse(metrics.render(rt.engine_info()),
                                  media_type="text/plain; version=0.0.4")
 
+    def model_card(name: str) -> dict:
+        t = tasks[name]
+        return {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
+                "kind": t.kind, "prefix_tokens": t.prefix_tokens,
+                "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
-             "kind": t.kind, "prefix_tokens": t.prefix_tokens,
-             "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
-            for name, t in sorted(tasks.items())]}
+        return {"object": "list", "data": [model_card(name) for name in sorted(tasks)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def one_model(model_id: str):
+        if model_id not in tasks:
+            return error(404, f"the model `{model_id}` does not exist", param="model",
+                         code="model_not_found")
+        return model_card(model_id)
+
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):  # 404/405 in OpenAI's shape
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
+                f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error(exc.status_code, what, code={404: "not_found", 405: "method_not_allowed"}
+                     .get(exc.status_code), headers=getattr(exc, "headers", None))
 
     def parse(raw: bytes, chat: bool) -> tuple:
         """In a worker thread: the body parsed and checked, and the request started. An
