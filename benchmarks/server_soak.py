@@ -151,7 +151,7 @@ def case_e(base):
                           json={"model": "support", "stream": True, "max_tokens": 64, "logit_bias": {"2": -100},
                                 "messages": [{"role": "user", "content": f"{SUPPORT_Q} ({k})"}]}) as r:
             for ln in r.iter_lines():
-                if '"content"' in ln:
+                if '"content"' in ln and '"content": ""' not in ln:  # not the role frame
                     now = time.perf_counter()
                     if last is not None:
                         worst = max(worst, now - last)

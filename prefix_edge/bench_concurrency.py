@@ -70,7 +70,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv:
     extra = {"shared_kv": True} if shared_kv else {}
     with Runtime.open(bundle, backend=backend, threads=threads, slots=8, **extra) as rt:
         ban = {int(e): -100.0 for e in rt.eos}
-        opts = dict(max_tokens=n_tokens, logit_bias=ban)
+        opts = dict(max_tokens=n_tokens, logit_bias=ban, stop=[])
         rt.generate(LONG, q, max_tokens=4)  # warm up
         # a. aggregate decode throughput
         agg = {}
@@ -110,7 +110,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv:
 
         snaps = {}
         for n in (1, 8):
-            streams = [rt.stream(LONG, q + f"[{k}]", max_tokens=400, logit_bias=ban) for k in range(n)]
+            streams = [rt.stream(LONG, q + f"[{k}]", max_tokens=400, logit_bias=ban, stop=[]) for k in range(n)]
             for s in streams:
                 next(s)
             snaps[n] = rt._sched.run_in_engine(snapshot)
@@ -130,7 +130,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv:
         # d. TTFT under 8 in flight
         def ttft(k):
             return [rt.generate(names[j % 3], q + f"<{k}.{j}>",
-                                max_tokens=16, logit_bias=ban).stats.ttft_ms for j in range(4)]
+                                max_tokens=16, logit_bias=ban, stop=[]).stats.ttft_ms for j in range(4)]
         with ThreadPoolExecutor(8) as pool:
             ttfts = sorted(x for part in pool.map(ttft, range(8)) for x in part)
         out["ttft_8_in_flight_ms"] = {"p50": round(statistics.median(ttfts), 1),
@@ -138,7 +138,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv:
         # e. cancel latency
         lat_dec = []
         for k in range(5):
-            s = rt.stream(SHORT, q, max_tokens=400, logit_bias=ban)
+            s = rt.stream(SHORT, q, max_tokens=400, logit_bias=ban, stop=[])
             next(s)
             next(s)
             t0 = time.perf_counter()
