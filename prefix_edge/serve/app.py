@@ -41,13 +41,18 @@ class ServerState:
     def __init__(self):
         self.draining = False
         self.live: set = set()
+        self.readers: set = set()  # tasks still receiving a body (limits.BodyLimits)
         self.cut_requests = 0
 
     def cut(self, reason: str = "shutdown") -> None:
+        """On the event loop: end every request still running or uploading."""
         for h in list(self.live):
             if not h.done:
                 self.cut_requests += 1
                 h.cancel(reason)
+        for task in list(self.readers):
+            task._prefix_edge_cut = True
+            task.cancel()
 
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -72,7 +77,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
-    app.add_middleware(BodyLimits, max_body=max_body, timeout=body_timeout)
+    app.add_middleware(BodyLimits, max_body=max_body, timeout=body_timeout, readers=state.readers)
 
     @app.get("/health")
     async def health():

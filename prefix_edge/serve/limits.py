@@ -35,8 +35,9 @@ class BodyLimits:
     (at once when Content-Length says so), a body not in within `timeout` seconds a 408, and a
     client that leaves mid-upload ends the request quietly (nothing to answer, no traceback)."""
 
-    def __init__(self, app, max_body: int = MAX_BODY, timeout: float = BODY_TIMEOUT):
+    def __init__(self, app, max_body: int = MAX_BODY, timeout: float = BODY_TIMEOUT, readers=None):
         self.app, self.max_body, self.timeout = app, max_body, timeout
+        self.readers = readers if readers is not None else set()  # tasks reading a body (shutdown ends them)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
@@ -51,6 +52,8 @@ class BodyLimits:
             return await _respond(send, 413, f"the request body is {declared} bytes; this server "
                                   f"takes at most {limit} (--max-body)", "request_too_large")
         chunks, n = [], 0
+        me = asyncio.current_task()
+        self.readers.add(me)
         try:
             async with asyncio.timeout(self.timeout):
                 while True:
@@ -68,6 +71,13 @@ class BodyLimits:
         except TimeoutError:
             return await _respond(send, 408, f"the request body did not arrive within "
                                   f"{self.timeout:g} s", "request_timeout")
+        except asyncio.CancelledError:
+            if me.cancelling() and getattr(me, "_prefix_edge_cut", False):
+                me.uncancel()  # ended by shutdown (ServerState.cut), not by uvicorn: answer it
+                return await _respond(send, 503, "the server is shutting down", "unavailable")
+            raise
+        finally:
+            self.readers.discard(me)
         whole, given = b"".join(chunks), False
 
         async def replay():
