@@ -76,7 +76,7 @@ def test_max_tokens_and_stats(rt):
 def test_bad_requests(rt):
     with pytest.raises(PrefixEdgeError, match="unknown task 'nope'; this bundle has: extract, raw"):
         rt.generate("nope", "x")
-    with pytest.raises(PrefixEdgeError, match="exceeds the 512 tokens a request may use \(the model's context\)"):
+    with pytest.raises(PrefixEdgeError, match=r"exceeds the 512 tokens a request may use \(the model's context\)"):
         rt.generate("support", "zq " * 600)
     with pytest.raises(PrefixEdgeError, match="top_p"):
         rt.generate("support", "x", top_p=1.5)
