@@ -7,7 +7,6 @@ same request run alone in a fresh in-process runtime."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import socket
@@ -27,33 +26,15 @@ pytest.importorskip("llama_cpp")
 from prefix_edge import Runtime  # noqa: E402
 
 from .conftest import INPUTS  # noqa: E402
+from .test_serve import start_server  # noqa: E402
 
 EOS_BAN = {"2": -100}  # the tiny model's EOS: no early end
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(bundle, *extra, port=None):
-    port = port or _free_port()
-    args = [sys.executable, "-m", "prefix_edge", "serve", "--bundle", str(bundle), "--port", str(port),
-            "--backend", "gguf", *map(str, extra)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read().decode())
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not start")
+def start(bundle, *extra):
+    """A real server on the llama.cpp backend (no API key): (process, base URL, port)."""
+    proc, base = start_server(bundle, "--backend", "gguf", *map(str, extra), api_key=None)
+    return proc, base, int(base.rsplit(":", 1)[1])
 
 
 def stop(proc, sig=signal.SIGTERM, timeout=30) -> tuple[int, str]:
@@ -74,6 +55,7 @@ def chat(task, text, **kw):
 def server(bundle_int4):
     proc, base, port = start(bundle_int4, "--slots", "2", "--n-ctx", "256", "--max-body", 20000,
                              "--body-timeout", 1, "--header-timeout", 1, "--max-connections", 24)
+    assert httpx.get(base + "/health").json()["backend"] == "gguf"
     yield base, port
     rc, err = stop(proc)
     assert rc == 0, err  # idle: a clean exit
