@@ -408,3 +408,33 @@ def test_shutdown_is_not_held_by_a_stalled_upload(bundle_int4):
     proc.wait(30)
     assert out.startswith(b"HTTP/1.1 503"), out[:200]
     assert proc.returncode == 0 and time.time() - t0 < 4.0
+
+
+def test_second_sigint_ends_streams_at_once_with_an_error(bundle_int4):
+    """Ctrl-C twice: the second signal cuts every running and queued stream at once (well before
+    --grace 30), each with an error frame and [DONE]; exit 1."""
+    proc, base, _ = start(bundle_int4, "--slots", "1", "--grace", "30", "--queue", "64")
+    results = []
+
+    def read(k):
+        with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
+                          json=chat("raw", f"{INPUTS[k % 3]} {k}", max_tokens=10 ** 6, stream=True,
+                                    logit_bias=EOS_BAN)) as r:
+            results.append([line for line in r.iter_lines() if line])
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(24)]
+    for th in threads:
+        th.start()
+    _until_accepted(base, 24, results)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    for th in threads:
+        th.join(30)
+    proc.wait(30)
+    assert time.time() - t0 < 10
+    assert len(results) == 24 and all(r[-1] == "data: [DONE]" for r in results)
+    cut = [r for r in results if '"server_shutdown"' in r[-2]]
+    assert len(cut) >= 12 and proc.returncode == 1
+    assert "Traceback" not in proc.stderr.read().decode()
