@@ -67,8 +67,7 @@ def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv:
     LONG, MID, SHORT = names = pick_tasks(Manifest.read(bundle))
     out: dict = {"tasks": {n: Manifest.read(bundle).tasks[n].prefix_tokens for n in names}}
     q = "How long do deleted files stay in the trash on the Plus plan? "
-    extra = {"shared_kv": True} if shared_kv else {}
-    with Runtime.open(bundle, backend=backend, threads=threads, slots=8, **extra) as rt:
+    with Runtime.open(bundle, backend=backend, threads=threads, slots=8, shared_kv=shared_kv) as rt:
         ban = {int(e): -100.0 for e in rt.eos}
         opts = dict(max_tokens=n_tokens, logit_bias=ban, stop=[])
         rt.generate(LONG, q, max_tokens=4)  # warm up

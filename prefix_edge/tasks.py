@@ -226,7 +226,7 @@ def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
     return adapter
 
 
-MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS = 300  # entries of a logit_bias, as OpenAI's API allows
 
 
 def check_text(text: str, what: str) -> None:

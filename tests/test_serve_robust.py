@@ -229,22 +229,7 @@ def test_sigterm_drains_then_ends_streams_with_an_error(bundle_int4):
     grace period end normally, every other one with an error frame and [DONE]; exit 1, saying
     how many were cut."""
     proc, base, _ = start(bundle_int4, "--slots", "2", "--grace", "3", "--queue", "64")
-    results = []
-
-    def read(k):
-        lines = []
-        with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
-                          json=chat("raw", f"{INPUTS[k % 3]} {k}", max_tokens=10 ** 6, stream=True,
-                                    logit_bias=EOS_BAN)) as r:
-            for line in r.iter_lines():
-                if line:
-                    lines.append(line)
-        results.append(lines)
-
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(48)]
-    for th in threads:
-        th.start()
-    _until_accepted(base, 48, results)  # a request arriving after SIGTERM is a 503 instead
+    threads, results = _start_streams(base, 48)  # a request arriving after SIGTERM is a 503 instead
     proc.send_signal(signal.SIGTERM)
     for th in threads:
         th.join(30)
@@ -256,6 +241,26 @@ def test_sigterm_drains_then_ends_streams_with_an_error(bundle_int4):
     assert len(done) + len(cut) == 48 and done and cut, (len(done), len(cut))
     assert proc.returncode == 1 and f"{len(cut)} request(s)" in err, err
     assert "Traceback" not in err
+
+
+def _long_stream(base, k: int) -> list[str]:
+    """A streamed request that only the context ends (EOS banned): its non-empty SSE lines."""
+    with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
+                      json=chat("raw", f"{INPUTS[k % 3]} {k}", max_tokens=10 ** 6, stream=True,
+                                logit_bias=EOS_BAN)) as r:
+        return [line for line in r.iter_lines() if line]
+
+
+def _start_streams(base, n: int, keep=lambda lines: lines):
+    """n long streams, each on a thread appending keep(its lines) when it ends; returns once the
+    server holds all of them (running or queued): (threads, results)."""
+    results: list = []
+    threads = [threading.Thread(target=lambda k: results.append(keep(_long_stream(base, k))), args=(k,))
+               for k in range(n)]
+    for th in threads:
+        th.start()
+    _until_accepted(base, n, results)
+    return threads, results
 
 
 def _until_accepted(base, n: int, finished: list) -> None:
@@ -345,22 +350,7 @@ def test_chaos(bundle_int4):
         assert 413 in statuses  # seed 1234 draws oversized bodies
         assert rss[2] - rss[1] < 30_000, rss  # kB: flat after the first round's warm-up
         # SIGTERM with streams running: every one ends with [DONE], none silently
-        ends = []
-
-        def long_stream(k):
-            last = []
-            with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
-                              json=chat("raw", f"{INPUTS[k % 3]} {k}", max_tokens=10 ** 6, stream=True,
-                                        logit_bias=EOS_BAN)) as resp:
-                for line in resp.iter_lines():
-                    if line:
-                        last = (last + [line])[-2:]
-            ends.append(last)
-
-        threads = [threading.Thread(target=long_stream, args=(k,)) for k in range(30)]
-        for th in threads:
-            th.start()
-        _until_accepted(base, 30, ends)
+        threads, ends = _start_streams(base, 30, keep=lambda lines: lines[-2:])  # the last two lines
         proc.send_signal(signal.SIGTERM)
         for th in threads:
             th.join(30)
@@ -414,18 +404,7 @@ def test_second_sigint_ends_streams_at_once_with_an_error(bundle_int4):
     """Ctrl-C twice: the second signal cuts every running and queued stream at once (well before
     --grace 30), each with an error frame and [DONE]; exit 1."""
     proc, base, _ = start(bundle_int4, "--slots", "1", "--grace", "30", "--queue", "64")
-    results = []
-
-    def read(k):
-        with httpx.stream("POST", base + "/v1/chat/completions", timeout=60,
-                          json=chat("raw", f"{INPUTS[k % 3]} {k}", max_tokens=10 ** 6, stream=True,
-                                    logit_bias=EOS_BAN)) as r:
-            results.append([line for line in r.iter_lines() if line])
-
-    threads = [threading.Thread(target=read, args=(k,)) for k in range(24)]
-    for th in threads:
-        th.start()
-    _until_accepted(base, 24, results)
+    threads, results = _start_streams(base, 24)
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
     time.sleep(0.2)

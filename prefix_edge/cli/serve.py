@@ -53,13 +53,10 @@ def serve(
             raise PrefixEdgeError(f"{name} must be >= {low}, got {value}")
     sock = bind(host, port)  # a port in use fails here, before the model loads
     raise_fd_limit()
+    rt = None
     try:
         rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
                           queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv)
-    except BaseException:
-        sock.close()
-        raise
-    try:
         application = create_app(rt, api_key=api_key,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout)
@@ -69,7 +66,8 @@ def serve(
         typer.echo(f"serving {len(rt.tasks)} tasks ({rt.backend.name}) on http://{host}:{port}/v1", err=True)
         server.run(sockets=[sock])
     finally:
-        rt.close()
+        if rt is not None:
+            rt.close()
         sock.close()
     cut = application.state.server.cut_requests
     if cut:

@@ -261,8 +261,9 @@ class Runtime:
     def engine_info(self) -> dict:
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched
-        cells = s.kv_cells if s.kv_cells is not None else getattr(self.backend, "n_ctx", None) \
-            if self.backend.name == "gguf" else None
+        cells = s.kv_cells  # shared cache: the cells it counts; a stream per slot: all of them
+        if cells is None and self.backend.name == "gguf":
+            cells = self.backend.n_ctx
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),

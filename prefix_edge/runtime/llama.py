@@ -130,8 +130,7 @@ class LlamaBackend:
         self.n_batch = int(L.llama_n_batch(self.ctx))
         self.mem = L.llama_get_memory(self.ctx)
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
-        self.kv_unified = bool(kv_unified) or self.n_seq_max == 1
-        self.n_stream = 1 if self.kv_unified else self.n_seq_max
+        self.n_stream = 1 if kv_unified else self.n_seq_max  # KV streams (1: one shared cache)
         self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0

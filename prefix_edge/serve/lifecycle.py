@@ -11,6 +11,7 @@ The exit status is 1 when requests were cut, else 0.
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 
 from ..errors import PrefixEdgeError
@@ -34,7 +35,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        why = "the port is in use" if e.errno in (98, 48, 10048) else e.strerror
+        why = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror
         raise PrefixEdgeError(f"cannot listen on {host}:{port}: {why}") from None
     sock.set_inheritable(True)
     return sock

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..tasks import MAX_LOGIT_BIAS  # OpenAI's cap; checked here before walking the entries
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
@@ -19,7 +21,6 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
            "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities"}
-MAX_LOGIT_BIAS = 300  # OpenAI's cap
 
 
 def check_strings(body, where: str = "") -> None:
