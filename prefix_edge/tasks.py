@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .chat_template import render_chat
 from .errors import PrefixEdgeError
 
 GEN_KEYS = {
@@ -84,6 +85,7 @@ class RenderedTask:
     input_after: str
     template: str
     chat: bool
+    messages: tuple = ()  # chat tasks: the system/example messages the prefix renders
 
 
 def task_where(path: Path | None, task: str | None, key: str | None = None) -> str:
@@ -306,25 +308,6 @@ def fill_template(template: str, text: str) -> str:
 
 # --- rendering ---------------------------------------------------------------------------
 
-def render_chat(chat_template: str, messages: list[dict], add_generation_prompt: bool,
-                special: dict[str, str]) -> str:
-    """Render a HF chat template the way transformers does (sandboxed jinja2)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(msg):
-        raise TemplateError(msg)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special)
-    except TemplateError as e:
-        raise PrefixEdgeError(f"chat template failed to render: {e}") from None
-
-
 def render_task(spec: TaskSpec, chat_template: str | None, special: dict[str, str]) -> RenderedTask:
     chat = spec.chat if spec.chat is not None else chat_template is not None
     if chat and chat_template is None:
@@ -348,7 +331,7 @@ def render_task(spec: TaskSpec, chat_template: str | None, special: dict[str, st
             f"task '{spec.name}': the chat template does not render the conversation as a stable "
             "prefix plus a user turn; use chat = false with a raw 'prefix'")
     before, after = full[len(prefix):].split(_SENTINEL)
-    return RenderedTask(prefix, before, after, spec.template, True)
+    return RenderedTask(prefix, before, after, spec.template, True, tuple(msgs))
 
 
 def text_hash(text: str | None) -> str | None:

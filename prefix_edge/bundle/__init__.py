@@ -62,6 +62,8 @@ class TokenizerInfo:
     file: str
     sha256: str
     chat_template_sha256: str | None
+    chat_template: str | None = None  # the template text (its sha256 above is in the fingerprint)
+    special_tokens: dict[str, Any] | None = None  # bos_token, eos_token ... as the template sees them
 
 
 @dataclass
@@ -93,6 +95,7 @@ class TaskInfo:
     prefixes: dict[str, TaskPrefixFile]  # backend -> file
     n_virtual: int = 0  # leading virtual (trained) positions of the prefix; they have no ids
     adapter: dict[str, Any] | None = None  # kind "peft": peft_type, num_virtual_tokens, name, sha256, base_model
+    chat_messages: list[dict[str, str]] | None = None  # chat tasks: the messages the prefix renders
 
 
 @dataclass
@@ -119,6 +122,7 @@ class Manifest:
             "model": asdict(m),  # every model fact, n_ctx and eos ids included
             "tokenizer": self.tokenizer.sha256,
             "chat_template": self.tokenizer.chat_template_sha256,
+            **({"special_tokens": self.tokenizer.special_tokens} if self.tokenizer.special_tokens else {}),
             "kv_dtype": b.kv_dtype,
             "state": b.state,
         }
@@ -129,6 +133,8 @@ class Manifest:
         but the prefix files themselves. Baked into each of its prefix files' metadata."""
         d = asdict(self.tasks[task])
         d.pop("prefixes")
+        if d.get("chat_messages") is None:  # a field newer than format 2: in the digest once set
+            d.pop("chat_messages", None)
         d = json.loads(json.dumps({"task": task, **d}))  # as the manifest file spells it
         return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
@@ -205,6 +211,32 @@ class Manifest:
         for t in self.tasks.values():
             out += [p.file for p in t.prefixes.values()]
         return out
+
+
+def chat_template_of(root: Path, manifest: "Manifest") -> tuple[str | None, dict[str, Any]]:
+    """The model's chat template and the special tokens it is rendered with, checked against
+    the manifest's hash (in the fingerprint). Bundles from before the manifest kept the text
+    read it from the tokenizer dir export wrote (chat_template.jinja or tokenizer_config.json)."""
+    t = manifest.tokenizer
+    if t.chat_template_sha256 is None:
+        return None, {}
+    text, special = t.chat_template, t.special_tokens
+    tok_dir = (Path(root) / t.file).parent
+    if text is None or special is None:
+        try:
+            cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+            if text is None:
+                jinja = tok_dir / "chat_template.jinja"
+                text = jinja.read_text(encoding="utf-8") if jinja.is_file() else cfg.get("chat_template")
+            if special is None:
+                special = {k: (v.get("content") if isinstance(v, dict) else v) for k, v in cfg.items()
+                           if k.endswith("_token") and isinstance(v, (str, dict))}
+        except (OSError, ValueError) as e:
+            raise PrefixEdgeError(f"bundle {root}: cannot read its chat template: {e}") from None
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != t.chat_template_sha256:
+        raise PrefixEdgeError(f"bundle {root}: its chat template does not match the manifest's "
+                              "hash (edited or missing); re-export the bundle")
+    return text, dict(special or {})
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -71,8 +71,12 @@ def _check(d: dict) -> None:
         "rope": _dict, "source": _str,
         "eos_token_ids": lambda v: isinstance(v, list) and all(_int(x, 0, vocab) for x in v),
     })
-    _fields(d["tokenizer"], "tokenizer", {"file": _str, "sha256": _hex,
-                                          "chat_template_sha256": lambda v: v is None or _hex(v)})
+    _fields(d["tokenizer"], "tokenizer", {
+        "file": _str, "sha256": _hex, "chat_template_sha256": lambda v: v is None or _hex(v),
+        "chat_template": lambda v: v is None or (_str(v) and len(v) < 1 << 20),
+        "special_tokens": lambda v: v is None or (isinstance(v, dict) and all(
+            _str(x) or (isinstance(x, list) and all(map(_str, x))) for x in v.values()))},
+        optional={"chat_template", "special_tokens"})
     if not d["backends"]:
         raise _Bad("backends is empty")
     for name, b in d["backends"].items():
@@ -95,7 +99,11 @@ def _check(d: dict) -> None:
             "prefix_tokens": lambda v: _int(v, 0, m["n_ctx"]), "input_before": _str,
             "input_after": _str, "template": lambda v: _str(v) and v.count("{input}") >= 1,
             "defaults": _dict, "prefixes": _dict, "n_virtual": lambda v: _int(v, 0, positions),
-            "adapter": lambda v: v is None or isinstance(v, dict)}, optional={"n_virtual", "adapter"})
+            "adapter": lambda v: v is None or isinstance(v, dict),
+            "chat_messages": lambda v: v is None or (isinstance(v, list) and all(
+                isinstance(x, dict) and set(x) == {"role", "content"} and _str(x["role"])
+                and _str(x["content"]) for x in v))},
+            optional={"n_virtual", "adapter", "chat_messages"})
         bad = sorted(set(t["defaults"]) - set(GEN_KEYS))
         if bad:
             raise _Bad(f"{where}.defaults.{bad[0]} is not a generation option")

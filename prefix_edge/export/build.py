@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
+from ..chat_template import template_specials
 from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, layout, sha256_file
 from ..errors import PrefixEdgeError, disk_full
 from ..tasks import load_tasks, render_task, text_hash
@@ -194,7 +195,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
     chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
         (tok.chat_template or {}).get("default")
-    special = {k: getattr(tok, k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    special = template_specials(tok)
     rendered = {s.name: render_task(s, chat_template, special) for s in specs}
     rt_tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
     adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
@@ -227,7 +228,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     tokenizer = TokenizerInfo(file=layout.TOKENIZER,
                               sha256=sha256_file(root / layout.TOKENIZER),
-                              chat_template_sha256=text_hash(chat_template))
+                              chat_template_sha256=text_hash(chat_template),
+                              chat_template=chat_template, special_tokens=special)
     manifest = Manifest(model=info, tokenizer=tokenizer, backends=backends, tasks={},
                         created_by=f"prefix-edge {__version__}")
     manifest.extra["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -243,7 +245,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             kind=s.kind, chat=r.chat, prefix_tokens=n_virtual + len(ids[s.name]),
             input_before=r.input_before, input_after=r.input_after, template=r.template,
             defaults=dict(s.defaults), prefixes={}, n_virtual=n_virtual,
-            adapter=a.manifest_entry() if a else None)
+            adapter=a.manifest_entry() if a else None,
+            chat_messages=[dict(m) for m in r.messages] if r.chat else None)
 
     (root / layout.TASKS_DIR).mkdir()
     from .fidelity import GREEDY, measure, verdict

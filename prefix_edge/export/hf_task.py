@@ -37,6 +37,7 @@ class HFTask:
             raise PrefixEdgeError("this needs the export extra: pip install 'prefix-edge[export]'") from None
         from .bake import prefix_ids
         from .peft import read_adapter
+        from ..chat_template import template_specials
         from .source import eos_ids, prepare_hf_dir
 
         hf_logging.set_verbosity_error()
@@ -45,7 +46,7 @@ class HFTask:
         tok = AutoTokenizer.from_pretrained(str(hf_dir))
         model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
         chat_template = tok.chat_template if isinstance(tok.chat_template, str) else None
-        special = {k: getattr(tok, k) or "" for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        special = template_specials(tok)
         self.spec, self.hf_dir, self.hf_tokenizer = spec, hf_dir, tok
         self.rendered: RenderedTask = render_task(spec, chat_template, special)
         self.adapter = read_adapter(spec) if spec.kind == "peft" else None

@@ -5,6 +5,7 @@ caller, from its one engine thread):
 
     backend.seq_restore(seq, prefix)   empty `seq`, install a baked prefix (or none) at 0..P-1
     backend.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
+    backend.seq_snapshot(seq, ids)     seq's KV copied out as a Prefix (the turn cache)
     backend.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
     backend.seq_free(seq)
 
@@ -43,6 +44,7 @@ class Prefix:
     n_virtual: int = 0
     checked_by: Any = None  # the backend whose load_prefix already validated `kv`, if any
     home: Any = None  # onnx fused graph: (backend ref, KV buffer whose first positions hold `kv`)
+    pin: bool = True  # onnx fused graph: may become a buffer's home (not a turn-cache snapshot)
 
     @property
     def n_tokens(self) -> int:

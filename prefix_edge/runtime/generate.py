@@ -25,6 +25,8 @@ from .sampling import Sampler
 from .scheduler import Request, Scheduler
 from .stream import AsyncStream, Result, Stats, Stream
 from .text import TextStream
+from .requests import Requests
+from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
 from ..bundle.verify import file_hashes
 
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
@@ -66,15 +68,18 @@ def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
     return "gguf"
 
 
-class Runtime:
+class Runtime(Requests):
     """A bundle opened for generation. Thread-safe: any number of requests may be in flight
     from any threads. Use as a context manager or call close()."""
 
     def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
                  prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 kv_cells: int | None = None, verify: str = "cached", shared_kv: bool = False):
+                 kv_cells: int | None = None, verify: str = "cached", shared_kv: bool = False,
+                 turn_cache_bytes: int = TURN_CACHE_BYTES):
         self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
+        self.fingerprint, self.prefill_chunk = fingerprint, prefill_chunk
+        self.turns = TurnCache(turn_cache_bytes)
         self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = n_ctx  # positions one request may use (prefix + input + output)
@@ -97,7 +102,7 @@ class Runtime:
              n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
              queue_size: int = 64, kv_cells: int | None = None,
              resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
-             shared_kv: bool = False) -> "Runtime":
+             shared_kv: bool = False, turn_cache_bytes: int = TURN_CACHE_BYTES) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -108,8 +113,10 @@ class Runtime:
         it. shared_kv=True instead shares one cache of kv_cells cells (default from the longest
         prefix and slots) between all requests and resident task prefixes (resident_bytes
         their budget): less memory and task switches without a restore, but a greedy answer
-        may change with what else is in the cache (near-tie steps). verify: "cached" reuses a model file's hash while its stat identity is
-        unchanged (runtime/verify.py); "full" always hashes."""
+        may change with what else is in the cache (near-tie steps). turn_cache_bytes: host
+        memory for the KV of conversations so far (turn_cache.py; 0: off). verify: "cached"
+        reuses a model file's hash while its stat identity is unchanged (runtime/verify.py);
+        "full" always hashes."""
         from tokenizers import Tokenizer
 
         from ..paths import default_bundle
@@ -150,7 +157,8 @@ class Runtime:
                 "(the manifest was edited or the bundle is mixed); re-export the bundle")
         for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
                                  ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
-                                 ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64)):
+                                 ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64),
+                                 ("turn_cache_bytes", turn_cache_bytes, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
@@ -197,7 +205,7 @@ class Runtime:
         return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size, n_ctx=ctx,
                    slots=slots, queue_size=queue_size, prefill_chunk=prefill_chunk,
                    resident_bytes=resident_bytes, kv_cells=kv_cells, verify=verify,
-                   shared_kv=shared_kv)
+                   shared_kv=shared_kv, turn_cache_bytes=turn_cache_bytes)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -213,31 +221,57 @@ class Runtime:
     def closed(self) -> bool:
         return self._sched.closed
 
-    def generate(self, task: str, text: str, timeout: float | None = None, **overrides) -> Result:
-        """Run one request to its end. With `timeout` (seconds) a request still running then is
-        cancelled and returns what it has, with finish_reason "timeout"."""
+    def generate(self, task: str | None, text: str | None = None, timeout: float | None = None, *,
+                 messages: list | None = None, **overrides) -> Result:
+        """Run one request to its end: `text` (the task's input) or `messages` (a conversation,
+        rendered by the model's chat template after the task's prefix; task None: the base
+        model, no prefix). With `timeout` (seconds) a request still running then is cancelled
+        and returns what it has, with finish_reason "timeout"."""
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):
             raise PrefixEdgeError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        h = self.stream(task, text, **overrides)
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        try:
-            while True:
-                h._next(deadline)
-        except StopIteration:
-            return h.result
+        h = self.stream(task, text, messages=messages, **overrides)
+        return h.wait(timeout)
 
-    def stream(self, task: str, text: str, **overrides) -> Stream:
+    def stream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
+               **overrides) -> Stream:
         """Start a request; iterate the returned Stream for its text chunks (its `result` is
         set at the end), or `cancel()` it from any thread."""
-        req = self._request(task, text, overrides)
-        self._sched.submit(req)
-        return Stream(self, req)
+        return self.choices(task, text, messages=messages, n=1, **overrides)[0]
 
-    def astream(self, task: str, text: str, **overrides) -> AsyncStream:
+    def choices(self, task: str | None, text: str | None = None, *, messages: list | None = None,
+                n: int = 1, **overrides) -> list[Stream]:
+        """n answers to one input: one prefill, then each choice decodes from a copy of its KV
+        (choice i > 0 samples with seed + i when a seed is given). A Stream per choice."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self._sched.slots:
+            raise PrefixEdgeError(f"n must be an integer in [1, {self._sched.slots}] (this "
+                                  f"runtime's slots), got {n!r}")
+        req = self._request(task, text, overrides, messages)
+        for i in range(1, n):
+            sib = self._sibling(req, i, overrides)
+            req.siblings.append(sib)
+        self._sched.submit(req)
+        return [Stream(self, r) for r in [req, *req.siblings]]
+
+    def astream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
+                **overrides) -> AsyncStream:
         """`async for chunk in rt.astream(...)`: the asyncio counterpart of stream() (same
         `result` and `cancel()`). Leaving the loop early (break, task cancelled) cancels it."""
-        return AsyncStream(self.stream(task, text, **overrides))
+        return AsyncStream(self.stream(task, text, messages=messages, **overrides))
+
+    def chat(self, task: str | None = None, system: str | None = None, **defaults) -> "Conversation":
+        """A conversation with a task (None: the base model): `.send(text)` / `.stream(text)`
+        keep its history; `.save(path)` / `Runtime.resume(path)` carry it across processes."""
+        from .conversation import Conversation
+
+        return Conversation(self, task, system=system, **defaults)
+
+    def resume(self, path: str | Path) -> "Conversation":
+        """A conversation saved with Conversation.save(), its KV put back in the turn cache when
+        it was saved from this bundle (same fingerprint), else re-read on its next turn."""
+        from .conversation import Conversation
+
+        return Conversation.load(self, path)
 
     def close(self) -> None:
         """Refuse new requests, end the running ones (finish_reason "cancelled") and give the
@@ -245,6 +279,7 @@ class Runtime:
         self._sched.close()
         with self._prefix_lock:
             self.prefixes.clear()
+        self.turns.clear()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -267,111 +302,4 @@ class Runtime:
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
-                "residents": s.resident_info(), **s.stats}
-
-    # -- requests -------------------------------------------------------------------------
-    def options(self, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - set(DEFAULTS) - {"use_prefix_cache", "raw_special_tokens"}
-        if unknown:
-            raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
-        over = {k: v for k, v in overrides.items()
-                if v is not None and k not in ("use_prefix_cache", "raw_special_tokens")}
-        opts = task_options(self.manifest.tasks[task].defaults, over)
-        n_vocab = self._n_vocab
-        bad = next((t for t in opts["logit_bias"] if t >= n_vocab), None)
-        if bad is not None:
-            raise PrefixEdgeError(f"logit_bias: token id {bad} is outside this model's vocabulary "
-                                  f"(0..{n_vocab - 1})")
-        return opts
-
-    @functools.cached_property
-    def _n_vocab(self) -> int:
-        return int(getattr(self.backend, "n_vocab", 0) or self.tokenizer.get_vocab_size(True))
-
-    @functools.cached_property
-    def _text_tokenizer(self):
-        """A copy of the tokenizer that encodes special tokens as text (for user text that spells
-        one; built on first need: serialising the tokenizer costs tens of ms at open)."""
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(self.tokenizer.to_str())
-        tok.encode_special_tokens = True
-        return tok
-
-    def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
-        """The task's input wrapping around the user's text, tokenized. The user's text never
-        becomes control tokens: if it spells one (`<|im_end|>`...), it is encoded as plain text
-        (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
-        once, exactly as export and PEFT tokenize it."""
-        info = self.manifest.tasks[task]
-        head, _, tail = fill_template(info.template, "\x00").partition("\x00")
-        before, after = info.input_before + head, tail + info.input_after
-        enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
-        if raw_special_tokens:  # the caller's opt-in: special tokens in the text are parsed
-            return np.array(enc.ids, np.int64)
-        lo, hi = len(before), len(before) + len(text)
-        if not any(a < hi and b > lo and tid in self._special_ids
-                   for tid, (a, b) in zip(enc.ids, enc.offsets)):
-            return np.array(enc.ids, np.int64)
-        ids = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
-        ids += self._text_tokenizer.encode(text, add_special_tokens=False).ids
-        ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
-        return np.array(ids, np.int64)
-
-    def _request(self, task: str, text: str, overrides: dict[str, Any]) -> Request:
-        t0 = time.perf_counter()
-        if self.closed:
-            raise RuntimeClosed("the runtime is closed")
-        if not isinstance(task, str) or task not in self.manifest.tasks:
-            raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
-                                  f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
-        if not isinstance(text, str):
-            raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
-        check_text(text, "the input")
-        raw = overrides.get("raw_special_tokens", False)
-        if not isinstance(raw, bool):
-            raise PrefixEdgeError(f"raw_special_tokens must be true or false, got {raw!r}")
-        use_cache = overrides.get("use_prefix_cache", True)
-        if not isinstance(use_cache, bool):
-            raise PrefixEdgeError(f"use_prefix_cache must be true or false, got {use_cache!r}")
-        opts = self.options(task, overrides)
-        if not text.strip():
-            raise PrefixEdgeError("the input is empty: nothing to generate from")
-        ids = self.encode_input(task, text, raw_special_tokens=raw)
-        P = self.manifest.tasks[task].prefix_tokens
-        room = self.n_ctx - P - len(ids)
-        if room < 1:
-            raise ContextLengthExceeded(
-                f"input is {len(ids)} tokens; with task '{task}''s prefix of {P} tokens that exceeds "
-                f"the {self.n_ctx} tokens a request may use"
-                + (f" (n_ctx; the model's context is {self.manifest.model.n_ctx})"
-                   if self.n_ctx < self.manifest.model.n_ctx else " (the model's context)"))
-        max_tokens = min(opts["max_tokens"], room)
-        t_load = time.perf_counter()
-        with self._prefix_lock:
-            if use_cache:
-                prefix, _ = self.prefixes.get(task)
-                key = task
-            else:
-                prefix, key = None, None
-                ids = np.concatenate([self.prefixes.ids(task), ids])
-        load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
-        sampler = Sampler.from_options(opts)
-        return Request(task, key, prefix, ids, max_tokens, sampler,
-                       TextStream(self.tokenizer, list(opts["stop"])), self.eos,
-                       load_ms=load_ms,
-                       prefix_cached=use_cache, t0=t0)
-
-    def _result(self, r: Request, finish: str) -> Result:
-        end = time.perf_counter()
-        n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
-        dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
-        P = self.manifest.tasks[r.task].prefix_tokens
-        stats = Stats(
-            prefix_tokens=P, input_tokens=len(r.ids) - (0 if r.prefix_cached else P),
-            prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
-            ttft_ms=round(((r.t_first or end) - r.t0) * 1e3, 3),
-            decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
-            total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
-            prefix_cached=r.prefix_cached, finish_reason=finish)
-        return Result("".join(r.chunks), list(r.tokens), stats)
+                "residents": s.resident_info(), "turn_cache": self.turns.info(), **s.stats}

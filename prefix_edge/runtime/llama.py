@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
 from .backend import Prefix
-from .seqstate import all_finite, check_seq_state, in_stream, parse_seq_state, row_bytes
+from .seqstate import all_finite, check_seq_state, in_stream, out_of_stream, parse_seq_state, row_bytes
 
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
@@ -244,6 +244,21 @@ class LlamaBackend:
         self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
+    def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        """Sequence `seq`'s KV now (all its positions), as a Prefix that seq_restore puts back
+        into any sequence: a one-stream seq-state blob, like a baked prefix's."""
+        L = self._L
+        self._live()
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        blob = np.empty(size, np.uint8)
+        n = L.llama_state_seq_get_data(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                       size, seq)
+        if n != size:
+            raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
+        blob = out_of_stream(blob, seq if self.n_stream > 1 else 0, self.n_stream)
+        return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual,
+                      checked_by=self)
+
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
@@ -383,6 +398,11 @@ class LlamaBackend:
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file."""
         write_prefix(path, ids, self.state_blob(), metadata, self.kv_type)
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
+        """Write a Prefix (a seq_snapshot) as a prefix file, the codec's format."""
+        write_prefix(path, prefix.ids, prefix.kv, {**metadata, "n_virtual": str(prefix.n_virtual)},
+                     self.kv_type)
 
     def _live(self) -> None:
         if self.ctx is None:

@@ -185,7 +185,7 @@ class OnnxBackend:
             if prefix is not None:
                 for a, kv in zip(buf.arrays, prefix.kv):
                     a[:, :, :n] = kv
-                if prefix.home is None:
+                if prefix.home is None and prefix.pin:
                     prefix.home = (weakref.ref(self), buf)
                     prefix.kv = [a[:, :, :n] for a in buf.arrays]  # the loaded arrays go
                     self._homes.append((weakref.ref(prefix), buf))
@@ -236,6 +236,21 @@ class OnnxBackend:
     def seq_copy(self, src: int, dst: int) -> None:
         past, pos = self.seqs[src]
         self.seqs[dst] = (past.resized(pos, self._buffer(past.capacity)) if self.shared else list(past), pos)
+
+    def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        """Sequence `seq`'s KV now (all its positions) copied out, as a Prefix seq_restore puts
+        back into any sequence (never a buffer's home: it would pin a whole buffer)."""
+        past, pos = self.seqs[seq]
+        if self.shared:
+            kv = [a[:, :, :pos].copy() for a in past.arrays]
+        else:
+            kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
+        return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
+                      n_virtual=n_virtual, checked_by=self, pin=False)
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
+        write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv)),
+                     {**metadata, "n_virtual": str(prefix.n_virtual)})
 
     def kv_bytes(self) -> int:
         """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays

@@ -82,3 +82,17 @@ class Sampler:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
             order, p = order[:keep], p[:keep] / p[:keep].sum()
         return int(order[self.rng.choice(len(order), p=p)])
+
+
+def token_logprobs(logits: np.ndarray, tok: int, top: int) -> tuple[int, float, list]:
+    """(tok, its log-probability, the `top` most likely [(id, log-probability)]) under the
+    model's own distribution (the logits before bias, penalties and temperature)."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    alts = []
+    if top > 0:
+        idx = np.argpartition(-x, top - 1)[:top]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        alts = [(int(i), float(x[i] - lse)) for i in idx]
+    return tok, float(x[tok] - lse), alts

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .backend import Prefix
-from .sampling import Sampler
+from .sampling import Sampler, token_logprobs
 from .text import TextStream
 
 
@@ -53,7 +53,14 @@ class Request:
     events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     notify: object = None        # called (engine thread) after each event: an asyncio consumer's wake-up
     cancel_reason: str | None = None
+    cuts: tuple = ()             # input positions prefill chunks never cross (turn boundaries)
+    snapshot: object = None      # fn(backend, request), engine thread, once its input is read
+    siblings: list = field(default_factory=list)  # n > 1: the other choices, forked after the prefill
+    parent: "Request | None" = None               # a sibling's first choice
+    logprobs: int | None = None  # record each token's log-probability and this many alternatives
+    turn_hit: int = 0            # input tokens restored from the turn cache (not in `ids`)
     # engine-side state
+    forked: bool = False
     seq: int = -1
     pos: int = 0
     fed: int = 0                 # input tokens prefilled so far
@@ -62,6 +69,7 @@ class Request:
     next_token: int | None = None
     tokens: list = field(default_factory=list)
     chunks: list = field(default_factory=list)
+    token_logprobs: list = field(default_factory=list)  # (token, logprob, [(id, logprob)...])
     n_samples: int = 0
     t_first: float | None = None
     t_last: float | None = None
@@ -234,6 +242,9 @@ class Scheduler:
             self.residents[r.prefix_key].users -= 1
             r.uses_resident = False
         r.reserved = 0
+        for sib in r.siblings:  # choices not forked yet end with their first one
+            if not sib.forked:
+                self._finish(sib, reason, error)
         if error is not None:
             r.emit("error", error)
         else:
@@ -270,6 +281,8 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self.free_seqs:
             r = self.waiting[0]
+            if len(self.free_seqs) < 1 + len(r.siblings) and self.active:
+                return  # its choices need a sequence each: wait for running requests (FIFO)
             try:
                 if not self._start(r):
                     return  # no room yet: wait for running requests to finish (FIFO)
@@ -321,6 +334,11 @@ class Scheduler:
             raise
         r.seq, r.pos = seq, n_prefix
         r.load_ms += (time.perf_counter() - t) * 1e3
+        for sib in r.siblings:  # idle (all input "read") until the fork gives them r's KV
+            if len(self.free_seqs) == 0:
+                raise PrefixEdgeError(f"n={1 + len(r.siblings)} choices need as many free slots")
+            sib.seq, sib.fed, sib.reserved = self.free_seqs.pop(), len(sib.ids), sib.max_tokens
+            self.active.append(sib)
         return True
 
     def _can_reside(self, prefix: Prefix) -> bool:
@@ -364,6 +382,9 @@ class Scheduler:
         for r in self.active:  # then a prefill chunk for requests still reading their input
             if r.next_token is None and r.fed < len(r.ids):
                 n = min(self.prefill_chunk, len(r.ids) - r.fed)
+                cut = next((c for c in r.cuts if c > r.fed), None)
+                if cut is not None:
+                    n = min(n, cut - r.fed)
                 if n > budget:
                     break
                 groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])
@@ -387,10 +408,28 @@ class Scheduler:
             if r.next_token is None:
                 r.fed += n
             if sample and not r.cancel_reason:
+                if r.n_samples == 0:
+                    self._prompt_read(r, lg)
                 self._sample(r, lg)
+
+    def _prompt_read(self, r: Request, logits: np.ndarray) -> None:
+        """r has read its whole input: keep its KV for the next turn, fork its other choices."""
+        if r.snapshot is not None:
+            try:
+                r.snapshot(self.backend, r)
+            except Exception:  # a cache that cannot keep this turn costs the next one a prefill
+                pass
+        for sib in r.siblings:
+            if sib.done:
+                continue
+            self.backend.seq_copy(r.seq, sib.seq)
+            sib.pos, sib.forked, sib.load_ms = r.pos, True, r.load_ms
+            self._sample(sib, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
         tok = r.sampler(logits)
+        if r.logprobs is not None and tok not in r.eos:
+            r.token_logprobs.append(token_logprobs(logits, tok, r.logprobs))
         r.n_samples += 1
         r.t_last = time.perf_counter()
         if r.t_first is None:

@@ -373,3 +373,21 @@ def in_stream(blob: np.ndarray, stream: int, n_stream: int) -> np.ndarray:
     at = 12 + 4 * stream
     out[at:at + b.size - 12] = b[12:]
     return out
+
+
+def out_of_stream(blob: np.ndarray, stream: int, n_stream: int) -> np.ndarray:
+    """The inverse of in_stream: the one-stream blob of `stream` from a blob that llama.cpp
+    wrote for a context of `n_stream` KV streams (every other stream empty). A view of `blob`,
+    whose header bytes it rewrites."""
+    b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
+    if n_stream == 1:
+        return b
+    tail = 4 * (n_stream - 1 - stream)
+    at = 12 + 4 * stream
+    if b.size < at + 4 + tail or int(b[8:12].view("<u4")[0]) != n_stream or \
+            np.any(b[12:at].view("<u4")) or (tail and np.any(b[b.size - tail:].view("<u4"))):
+        raise PrefixEdgeError("seq-state blob: not a blob of one sequence's stream")
+    head = b[:8].copy()  # the one-stream header goes just before the stream's data: no copy
+    b[at - 12:at - 4] = head
+    b[at - 4:at] = np.array([1], "<u4").view(np.uint8)
+    return b[at - 12:b.size - tail]

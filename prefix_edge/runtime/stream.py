@@ -23,6 +23,7 @@ class Stats:
     generated_tokens: int = 0
     prefix_cached: bool = True
     finish_reason: str = ""
+    cached_tokens: int = 0  # positions restored instead of computed: the prefix, earlier turns
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -33,6 +34,7 @@ class Result:
     text: str
     tokens: list[int]
     stats: Stats
+    logprobs: list | None = None  # logprobs=k: per token (id, logprob, [(id, logprob)] * k)
 
 
 class Stream:
@@ -44,6 +46,7 @@ class Stream:
         self._rt, self._req = rt, req
         self.result: Result | None = None
         self._ended = False
+        self.on_end = None  # fn(Result or None on error), once, in the consumer's thread
 
     def __iter__(self) -> "Stream":
         return self
@@ -68,10 +71,31 @@ class Stream:
             return value
         self._ended = True
         if kind == "error":
+            self._ended_with(None)
             raise value
         self.result = self._rt._result(self._req, value)
         self._rt.last_result = self.result
+        self._ended_with(self.result)
         raise StopIteration
+
+    def _ended_with(self, result: "Result | None") -> None:
+        cb, self.on_end = self.on_end, None
+        if cb is not None:
+            cb(result)
+
+    def wait(self, timeout: float | None = None) -> "Result":
+        """Read the stream to its end and return its Result (cancelled after `timeout` s)."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        try:
+            while True:
+                self._next(deadline)
+        except StopIteration:
+            return self.result
+
+    @property
+    def logprobs(self) -> list:
+        """(token, logprob, alternatives) of the tokens so far (with logprobs=k)."""
+        return self._req.token_logprobs
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop this request (safe from any thread, also during its prefill)."""

@@ -1,0 +1,166 @@
+"""A conversation's messages → the token ids that follow a task's baked prefix.
+
+The model's own chat template (chat_template.py, rendered as transformers renders it) spells
+the whole conversation: the task's own messages (its system prompt and examples: what its
+prefix was rendered from at export), then the request's messages, then the generation prompt.
+The part after the task's prefix text is the request's input. What the messages mean:
+
+- `system` / `developer` (the same): a further system turn, where it stands in the list, after
+  the task's own. Never dropped; a template that refuses it says so (a 400).
+- `user`: the task's template (`Review: {input}`...) wraps every user message, as it wrapped
+  the task's examples.
+- `assistant`: an earlier reply, as the template spells it.
+
+The base model (task None) has no prefix: its conversation is rendered alone, as
+apply_chat_template(messages, add_generation_prompt=True) renders it.
+
+Besides the ids, a prompt has *cuts*: where each earlier turn's prompt ended (just after its
+generation prompt). The turn cache (turn_cache.py) resumes only there, and prefill chunks
+never cross one, so a turn resumed from the cache computes what a run without it computes.
+Message text that spells a special token (`<|im_end|>`...) is encoded as plain text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+from ..tasks import check_text, fill_template
+
+ROLES = ("system", "developer", "user", "assistant")
+TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' and responses' text parts
+BASE = None  # the task of a plain chat with the base model
+
+
+def content_text(content, where: str) -> str:
+    """A message's content: a string, or a list of text parts (joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or \
+                    not isinstance(part.get("text"), str):
+                raise PrefixEdgeError(f"{where}.content[{j}]: only text parts are supported "
+                                      "(type 'text' with a string 'text')")
+            out.append(part["text"])
+        return "".join(out)
+    raise PrefixEdgeError(f"{where}.content must be a string or a list of text parts")
+
+
+def check_messages(messages) -> list[dict[str, str]]:
+    """The messages as [{role, content}] strings (developer → system), checked; errors name
+    messages[i]."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise PrefixEdgeError("messages must be a non-empty list of {role, content}")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise PrefixEdgeError(f"{where} must be an object with 'role' and 'content'")
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise PrefixEdgeError(f"{where}: tool calls and tool results are not supported yet "
+                                  "(no tools on this server)")
+        if role not in ROLES:
+            raise PrefixEdgeError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+        text = content_text(m.get("content"), where)
+        check_text(text, f"{where}.content")
+        out.append({"role": "system" if role == "developer" else role, "content": text})
+    if out[-1]["role"] != "user":
+        raise PrefixEdgeError(f"messages[{len(out) - 1}]: the last message must be the user's "
+                              f"(got {out[-1]['role']!r}): the reply follows it")
+    if not any(m["content"].strip() for m in out if m["role"] == "user"):
+        raise PrefixEdgeError("the input is empty: nothing to generate from")
+    return out
+
+
+@dataclass
+class ChatPrompt:
+    ids: np.ndarray          # the input after the task's prefix
+    cuts: tuple[int, ...]    # ends of earlier turns' prompts, in ids
+    messages: list[dict]     # the request's messages (checked)
+
+
+class ChatRenderer:
+    """Renders and tokenizes conversations for one bundle (the runtime's)."""
+
+    def __init__(self, template: str | None, special: dict, tokenizer, text_tokenizer, special_ids,
+                 special_texts: list[str]):
+        self.template, self.special = template, special
+        self.tok, self._text_tok = tokenizer, text_tokenizer
+        self.special_ids, self.special_texts = special_ids, special_texts
+
+    def render(self, messages: list[dict], gen: bool) -> str:
+        from ..chat_template import render_chat
+
+        return render_chat(self.template, messages, gen, self.special)
+
+    def prompt(self, task: str | None, info, messages: list[dict]) -> ChatPrompt:
+        if self.template is None:
+            raise PrefixEdgeError("this bundle's model has no chat template: send a single user "
+                                  "message to a task, or a prompt (completions)")
+        if info is not None and not info.chat:
+            raise PrefixEdgeError(f"task '{task}' is not a chat task (chat = false: a completion "
+                                  "prompt): it takes one user message, without system messages "
+                                  "or history")
+        if info is not None and info.chat_messages is None:
+            raise PrefixEdgeError(f"task '{task}': this bundle was exported before conversations "
+                                  "(no task messages in its manifest): re-export it for history "
+                                  "and system messages")
+        own = [dict(m) for m in info.chat_messages] if info is not None else []
+        template = info.template if info is not None else "{input}"
+        msgs = [{**m, "content": fill_template(template, m["content"])} if m["role"] == "user" else m
+                for m in messages]
+        head = self.render(own, False) if own else ""
+        full = self.render(own + msgs, True)
+        if not full.startswith(head):
+            raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
+                                  "conversation after the task's own messages")
+        text = full[len(head):]
+        char_cuts = []
+        for i in range(1, len(msgs)):
+            if msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant":
+                s = self.render(own + msgs[:i], True)
+                n = len(s) - len(head)
+                if s.startswith(head) and text.startswith(s[len(head):]) and 0 < n < len(text) \
+                        and (not char_cuts or n > char_cuts[-1]):
+                    char_cuts.append(n)
+        protected = self._protected(text, msgs)
+        ids, cuts, at = [], [], 0
+        for c in char_cuts + [len(text)]:
+            ids += self._encode(text, at, c, protected)
+            cuts.append(len(ids))
+            at = c
+        return ChatPrompt(np.array(ids, np.int64), tuple(cuts[:-1]), messages)
+
+    def _protected(self, text: str, msgs: list[dict]) -> list[tuple[int, int]]:
+        """Spans of `text` that are message content spelling a special token: plain text."""
+        spans, at = [], 0
+        for i, m in enumerate(msgs):
+            c = m["content"]
+            if not any(s in c for s in self.special_texts):
+                continue
+            j = text.find(c, at)
+            if j < 0:
+                raise PrefixEdgeError(f"messages[{i}].content spells a special token, and the chat "
+                                      "template does not keep that message verbatim")
+            spans.append((j, j + len(c)))
+            at = j + len(c)
+        return spans
+
+    def _encode(self, text: str, lo: int, hi: int, protected: list[tuple[int, int]]) -> list[int]:
+        out, at = [], lo
+        for a, b in protected:
+            a, b = max(a, lo), min(b, hi)
+            if a >= b:
+                continue
+            if a > at:
+                out += self.tok.encode(text[at:a], add_special_tokens=False).ids
+            out += self._text_tok.encode(text[a:b], add_special_tokens=False).ids
+            at = b
+        if hi > at:
+            out += self.tok.encode(text[at:hi], add_special_tokens=False).ids
+        return out

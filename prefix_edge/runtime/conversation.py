@@ -1,0 +1,161 @@
+"""Conversation: a chat with one task (or the base model) that keeps its history.
+
+    conv = rt.chat("support")            # or rt.chat() for the base model, rt.chat(system=...)
+    conv.send("my sync stopped").text    # a Result; the history now has both turns
+    for chunk in conv.stream("and on Plus?"): ...
+    conv.save("chat.pe")                 # messages + the KV of the conversation so far
+    conv = rt.resume("chat.pe")          # in another process: the next turn prefills only itself
+
+Each turn is one request with messages = history + the new user message: the runtime renders
+it with the model's chat template and the turn cache resumes it after the previous turn's
+prompt (turn_cache.py). A reply joins the history when its stream ends, with what it produced
+(also when cancelled or cut by max_tokens); a failed turn adds nothing. One turn at a time.
+
+A saved conversation is a prefix file (the bundle's codec, bundle/prefixfile.py): the KV of
+its last prompt, the prompt's ids, and metadata with the messages, the task, the bundle's
+fingerprint and the task's digest. Loading checks them like a baked prefix; a file from another
+bundle or model keeps its messages and re-reads them on the next turn.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+from .chat import check_messages
+
+if TYPE_CHECKING:
+    from .generate import Runtime
+    from .stream import Result, Stream
+
+FORMAT = "prefix-edge-conversation/1"
+
+
+class Conversation:
+    def __init__(self, rt: "Runtime", task: str | None = None, system: str | None = None,
+                 messages: list | None = None, **defaults):
+        if task is not None and task not in rt.manifest.tasks:
+            raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
+                                  f"{', '.join(sorted(rt.manifest.tasks))}")
+        rt.options(task, defaults)  # bad defaults fail here, not at the first turn
+        self.rt, self.task, self.defaults = rt, task, defaults
+        self.messages: list[dict[str, str]] = []
+        if system is not None:
+            self.messages.append({"role": "system", "content": system})
+        if messages:
+            self.messages += check_messages(list(messages) + [{"role": "user", "content": "x"}])[:-1]
+        self._busy = False
+        self._last = None  # (root, ids, cuts) of the last turn's prompt: its KV in the turn cache
+
+    def stream(self, text: str, **overrides) -> "Stream":
+        """Start the next turn; the reply joins the history when the stream ends."""
+        if self._busy:
+            raise PrefixEdgeError("this conversation's previous reply is still streaming: read or "
+                                  "cancel it first")
+        msgs = self.messages + [{"role": "user", "content": text}]
+        s = self.rt.stream(self.task, messages=msgs, **{**self.defaults, **overrides})
+        self._busy = True
+        self._last = self._prompt_key(msgs)
+
+        def ended(result) -> None:
+            self._busy = False
+            if result is not None:
+                self.messages = msgs + [{"role": "assistant", "content": result.text}]
+        s.on_end = ended
+        return s
+
+    def send(self, text: str, timeout: float | None = None, **overrides) -> "Result":
+        """The next turn, to its end."""
+        return self.stream(text, **overrides).wait(timeout)
+
+    def reset(self) -> None:
+        """A new chat: the history goes (a system message given at the start stays)."""
+        if self._busy:
+            raise PrefixEdgeError("a reply is still streaming")
+        self.messages = [m for m in self.messages[:1] if m["role"] == "system"]
+        self._last = None
+
+    # -- files --------------------------------------------------------------------------
+    def _prompt_key(self, msgs: list) -> tuple:
+        ids, cuts, _ = self.rt.chat_input(self.task, msgs)
+        return ("base" if self.task is None else f"task:{self.task}", ids, cuts)
+
+    def _meta(self) -> dict[str, str]:
+        rt = self.rt
+        digest = rt.manifest.task_digest(self.task) if self.task is not None else ""
+        return {"format": FORMAT, "fingerprint": rt.fingerprint, "task": self.task or "",
+                "task_digest": digest, "prefill_chunk": str(rt.prefill_chunk),
+                "messages": json.dumps(self.messages, ensure_ascii=False)}
+
+    def save(self, path: str | Path) -> bool:
+        """Write the conversation; True if its KV went with it (it is in the turn cache)."""
+        if self._busy:
+            raise PrefixEdgeError("a reply is still streaming: save after it ends")
+        path = Path(path)
+        meta = self._meta()
+        entry = None
+        if self._last is not None:
+            root, ids, cuts = self._last
+            entry = self.rt.turns.get(root, ids, cuts)
+            meta["turn_ids"] = json.dumps([int(x) for x in ids])
+            meta["turn_cuts"] = json.dumps(list(cuts))
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            if entry is not None:
+                self.rt.backend.write_snapshot(tmp, entry.prefix, meta)
+            else:
+                from ..bundle import prefixfile
+
+                prefixfile.write(tmp, np.zeros(0, np.int64), {}, meta)
+            tmp.replace(path)  # never a half-written conversation under its name
+        finally:
+            tmp.unlink(missing_ok=True)
+        return entry is not None
+
+    @classmethod
+    def load(cls, rt: "Runtime", path: str | Path) -> "Conversation":
+        from ..bundle import prefixfile
+
+        path = Path(path)
+        where = str(path)
+        if not path.is_file():
+            raise PrefixEdgeError(f"{where}: no saved conversation there")
+        tensors, meta = prefixfile.read(path)
+        if meta.get("format") != FORMAT:
+            raise PrefixEdgeError(f"{where}: not a saved prefix-edge conversation")
+        task = meta.get("task") or None
+        try:
+            messages = json.loads(meta.get("messages", ""))
+        except ValueError:
+            raise PrefixEdgeError(f"{where}: its messages are not valid JSON") from None
+        if task is not None and task not in rt.manifest.tasks:
+            raise PrefixEdgeError(f"{where}: saved with task {task!r}, which this bundle does not have")
+        conv = cls(rt, task)
+        if messages:
+            conv.messages = check_messages(list(messages) + [{"role": "user", "content": "x"}])[:-1]
+        conv.kv_restored = False
+        same = (meta.get("fingerprint") == rt.fingerprint and meta.get("prefill_chunk") == str(rt.prefill_chunk)
+                and (task is None or meta.get("task_digest") == rt.manifest.task_digest(task)))
+        if same and prefixfile.IDS in tensors and len(tensors) > 1 and "turn_ids" in meta:
+            try:
+                ids = np.array(json.loads(meta["turn_ids"]), np.int64)
+                cuts = tuple(int(c) for c in json.loads(meta["turn_cuts"]))
+            except (ValueError, TypeError):
+                raise PrefixEdgeError(f"{where}: its turn ids are not valid") from None
+            last_user = max((i for i, m in enumerate(conv.messages) if m["role"] == "user"), default=-1)
+            root, want, want_cuts = conv._prompt_key(conv.messages[:last_user + 1]) if last_user >= 0 \
+                else (None, None, None)
+            if want is not None and np.array_equal(want, ids) and want_cuts == cuts:
+                prefix = rt.backend.prefix_from(tensors, meta, where)  # checked like a baked prefix
+                n_pre = rt.manifest.tasks[task].prefix_tokens if task is not None else 0
+                if prefix.n_tokens != n_pre + len(ids):
+                    raise PrefixEdgeError(f"{where}: its KV holds {prefix.n_tokens} positions, its "
+                                          f"prompt {n_pre + len(ids)}")
+                prefix.checked_by, prefix.pin = rt.backend, False
+                conv.kv_restored = rt.turns.put(root, ids, cuts, prefix)
+                conv._last = (root, ids, cuts)
+        return conv

@@ -1,0 +1,211 @@
+"""How a call becomes a scheduler Request (the Runtime's half that runs in the caller's thread):
+options resolved and checked, the input tokenized (a task's input wrapping, or a conversation
+rendered by the chat template: chat.py), the task's prefix loaded, and for a conversation the
+turn cache consulted (turn_cache.py) and told to keep this turn's KV. A bad request fails here,
+at the call, before anything reaches the engine thread."""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
+from ..tasks import check_generation, check_text, fill_template
+from .chat import ChatRenderer, check_messages
+from .sampling import Sampler
+from .scheduler import Request
+from .stream import Result, Stats
+from .text import TextStream
+
+FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens")
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
+
+
+class Requests:
+    # -- options ------------------------------------------------------------------------
+    def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+        from .generate import DEFAULTS, task_options
+
+        unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs"}
+        if unknown:
+            raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
+        over = {k: v for k, v in overrides.items() if v is not None and k in DEFAULTS}
+        defaults = self.manifest.tasks[task].defaults if task is not None else {}
+        opts = task_options(defaults, over)
+        n_vocab = self._n_vocab
+        bad = next((t for t in opts["logit_bias"] if t >= n_vocab), None)
+        if bad is not None:
+            raise PrefixEdgeError(f"logit_bias: token id {bad} is outside this model's vocabulary "
+                                  f"(0..{n_vocab - 1})")
+        return opts
+
+    @functools.cached_property
+    def _n_vocab(self) -> int:
+        return int(getattr(self.backend, "n_vocab", 0) or self.tokenizer.get_vocab_size(True))
+
+    @functools.cached_property
+    def _text_tokenizer(self):
+        """A copy of the tokenizer that encodes special tokens as text (for user text that spells
+        one; built on first need: serialising the tokenizer costs tens of ms at open)."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(self.tokenizer.to_str())
+        tok.encode_special_tokens = True
+        return tok
+
+    @functools.cached_property
+    def chat_renderer(self) -> ChatRenderer:
+        """The model's chat template (checked against the manifest's hash) and its tokenization."""
+        from ..bundle import chat_template_of
+
+        template, special = chat_template_of(self.root, self.manifest)
+        added = self.tokenizer.get_added_tokens_decoder()
+        texts = [t.content for t in added.values() if t.special and t.content]
+        return ChatRenderer(template, special, self.tokenizer, self._text_tokenizer,
+                            self._special_ids, texts)
+
+    # -- input --------------------------------------------------------------------------
+    def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
+        """The task's input wrapping around the user's text, tokenized. The user's text never
+        becomes control tokens: if it spells one (`<|im_end|>`...), it is encoded as plain text
+        (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
+        once, exactly as export and PEFT tokenize it."""
+        info = self.manifest.tasks[task]
+        head, _, tail = fill_template(info.template, "\x00").partition("\x00")
+        before, after = info.input_before + head, tail + info.input_after
+        enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
+        if raw_special_tokens:  # the caller's opt-in: special tokens in the text are parsed
+            return np.array(enc.ids, np.int64)
+        lo, hi = len(before), len(before) + len(text)
+        if not any(a < hi and b > lo and tid in self._special_ids
+                   for tid, (a, b) in zip(enc.ids, enc.offsets)):
+            return np.array(enc.ids, np.int64)
+        ids = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
+        ids += self._text_tokenizer.encode(text, add_special_tokens=False).ids
+        ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
+        return np.array(ids, np.int64)
+
+    def chat_input(self, task: str | None, messages: list) -> tuple[np.ndarray, tuple[int, ...], list]:
+        """(ids after the task's prefix, turn cuts, the checked messages) of a conversation. One
+        user message to a task is its input, wrapped exactly as `text=` wraps it."""
+        msgs = check_messages(messages)
+        if task is not None and len(msgs) == 1:
+            return self.encode_input(task, msgs[0]["content"]), (), msgs
+        info = self.manifest.tasks[task] if task is not None else None
+        p = self.chat_renderer.prompt(task, info, msgs)
+        return p.ids, p.cuts, msgs
+
+    # -- the request --------------------------------------------------------------------
+    def _flag(self, overrides: dict, name: str, default: bool) -> bool:
+        v = overrides.get(name, default)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise PrefixEdgeError(f"{name} must be true or false, got {v!r}")
+        return v
+
+    def _request(self, task: str | None, text: str | None, overrides: dict[str, Any],
+                 messages: list | None = None) -> Request:
+        t0 = time.perf_counter()
+        if self.closed:
+            raise RuntimeClosed("the runtime is closed")
+        if task is not None and (not isinstance(task, str) or task not in self.manifest.tasks):
+            raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
+                                  f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
+        if (text is None) == (messages is None):
+            raise PrefixEdgeError("give the input as text or as messages (one of the two)")
+        if task is None and messages is None:
+            raise PrefixEdgeError("the base model (no task) takes messages, not text")
+        raw = self._flag(overrides, "raw_special_tokens", False)
+        use_cache = self._flag(overrides, "use_prefix_cache", True)
+        use_turns = self._flag(overrides, "use_turn_cache", True) and use_cache and messages is not None
+        logprobs = overrides.get("logprobs")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
+                                  f"alternatives per token), got {logprobs!r}")
+        opts = self.options(task, overrides)
+        cuts: tuple[int, ...] = ()
+        if messages is None:
+            if not isinstance(text, str):
+                raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
+            check_text(text, "the input")
+            if not text.strip():
+                raise PrefixEdgeError("the input is empty: nothing to generate from")
+            ids = self.encode_input(task, text, raw_special_tokens=raw)
+        else:
+            ids, cuts, _ = self.chat_input(task, messages)
+        P = self.manifest.tasks[task].prefix_tokens if task is not None else 0
+        room = self.n_ctx - P - len(ids)
+        if room < 1:
+            what = f"with task '{task}''s prefix of {P} tokens " if task is not None else ""
+            raise ContextLengthExceeded(
+                f"input is {len(ids)} tokens; {what}that exceeds the {self.n_ctx} tokens a "
+                "request may use" + (f" (n_ctx; the model's context is {self.manifest.model.n_ctx})"
+                                     if self.n_ctx < self.manifest.model.n_ctx else " (the model's context)"))
+        max_tokens = min(opts["max_tokens"], room)
+        t_load = time.perf_counter()
+        root = f"task:{task}" if task is not None else "base"
+        full, full_cuts, hit = ids, cuts, None
+        with self._prefix_lock:
+            if task is None:
+                prefix, key = None, None
+            elif use_cache:
+                prefix, key = self.prefixes.get(task)[0], task
+            else:
+                prefix, key = None, None
+                pre = self.prefixes.ids(task)
+                ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
+        if use_turns:
+            hit = self.turns.lookup(root, full, cuts)
+        turn_hit = 0
+        if hit is not None:  # resume after an earlier turn: its KV, then only the new tokens
+            prefix, key, turn_hit = hit.prefix, None, hit.n
+            ids, cuts = ids[turn_hit:], tuple(c - turn_hit for c in cuts if c > turn_hit)
+        load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
+        snapshot = None
+        if use_turns and self.turns.budget:
+            snapshot = self._keeper(root, full, full_cuts,
+                                    self.manifest.tasks[task].n_virtual if task is not None else 0)
+        return Request(task, key, prefix, ids, max_tokens, Sampler.from_options(opts),
+                       TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
+                       prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
+                       logprobs=logprobs, turn_hit=turn_hit)
+
+    def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
+        """The engine-thread callback that keeps a turn's KV once its prompt is read."""
+        turns = self.turns
+
+        def keep(backend, r: Request) -> None:
+            text_ids = np.concatenate([r.prefix.ids, r.ids]) if r.prefix is not None else r.ids
+            turns.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
+        return keep
+
+    def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
+        """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
+        opts = self.options(req.task, overrides)
+        if opts["seed"] is not None:
+            opts["seed"] = (opts["seed"] + i) % 2**63
+        return Request(req.task, None, None, req.ids, req.max_tokens, Sampler.from_options(opts),
+                       TextStream(self.tokenizer, list(opts["stop"])), self.eos,
+                       prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
+                       logprobs=req.logprobs, turn_hit=req.turn_hit)
+
+    def _result(self, r: Request, finish: str) -> Result:
+        end = time.perf_counter()
+        n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
+        dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
+        P = self.manifest.tasks[r.task].prefix_tokens if r.task is not None else 0
+        n_input = r.turn_hit + len(r.ids) - (0 if r.prefix_cached else P)
+        stats = Stats(
+            prefix_tokens=P, input_tokens=n_input,
+            prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
+            ttft_ms=round(((r.t_first or end) - r.t0) * 1e3, 3),
+            decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
+            total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
+            prefix_cached=r.prefix_cached, finish_reason=finish,
+            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
+        return Result("".join(r.chunks), list(r.tokens), stats, list(r.token_logprobs))
