@@ -72,7 +72,8 @@ def local(bundle_int4):
 
 def test_models_are_tasks(client, local):
     models = {m.id: m for m in client.models.list()}
-    assert set(models) == set(local.tasks)
+    assert set(models) == set(local.tasks) | {"base"}  # and the bundle's model, no prefix
+    assert models["base"].model_extra["prefix_tokens"] == 0
     assert models["support"].model_extra["prefix_tokens"] == local.tasks["support"].prefix_tokens
 
 
@@ -120,10 +121,14 @@ def _post(base, path, body, key=KEY, raw=None):
     ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
     ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model"),
     ({"model": "support", "messages": []}, 400, "messages"),
-    ({"model": "support", "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
+    ({"model": "raw", "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
+    ({"model": "support", "messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
+    ({"model": "support", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}, 400, "messages"),
+    ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "n": 9}, 400, "n"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "temperature": "0.7"}, 400, "temperature"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5}, 400, "max_tokens"),
-    ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+    ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n"),
+    ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "stop": [""]}, 400, "stop"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "bogus": 1}, 400, "bogus"),
     ({"model": "support", "messages": [{"role": "user", "content": "   "}]}, 400, "messages"),

@@ -24,6 +24,7 @@ def serve(
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Positions one request may use: prefix + input + output (default: the model's context; llama.cpp: at most 4096)."),
     kv_cells: Optional[int] = typer.Option(None, "--kv-cells", help="llama.cpp KV cells in all (default: slots x n-ctx; with --shared-kv: from the longest prefix and slots)."),
     shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
+    turn_cache: int = typer.Option(256, "--turn-cache", help="MiB of host memory for conversations' KV so far (a follow-up turn prefills only its new tokens; 0: off)."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
@@ -56,7 +57,8 @@ def serve(
     rt = None
     try:
         rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
-                          queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv)
+                          queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv,
+                          turn_cache_bytes=max(0, turn_cache) << 20)
         application = create_app(rt, api_key=api_key,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout)

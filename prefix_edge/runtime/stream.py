@@ -143,6 +143,14 @@ class AsyncStream:
     def cancel(self, reason: str = "cancelled") -> None:
         self._s.cancel(reason)
 
+    @property
+    def logprobs(self) -> list:
+        return self._s.logprobs
+
+    @property
+    def logprobs_on(self) -> bool:
+        return self._s._req.logprobs is not None
+
     def __aiter__(self) -> "AsyncStream":
         return self
 

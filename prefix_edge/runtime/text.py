@@ -60,3 +60,33 @@ class TextStream:
                         break
         out, self._pending = text[: len(text) - hold], text[len(text) - hold:]
         return out
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet back to bytes (tokenizers' ByteLevel pre-tokenizer)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTES = _byte_decoder()
+
+
+def token_bytes(tok: Tokenizer, token_id: int) -> bytes:
+    """The bytes one token stands for (byte-level BPE, `<0xNN>` byte tokens, `▁` spaces), for
+    logprobs: a token may be part of a character."""
+    piece = tok.id_to_token(int(token_id)) or ""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    if piece and all(ch in _BYTES for ch in piece):
+        return bytes(_BYTES[ch] for ch in piece)
+    return piece.replace("\u2581", " ").encode("utf-8")

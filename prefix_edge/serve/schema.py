@@ -20,7 +20,8 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "suffix", "best_of", "max_tokens", "max_completion_tokens", "temperature", "top_p",
            "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
-           "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities"}
+           "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
+           "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio"}
 
 
 def check_strings(body, where: str = "") -> None:
@@ -63,13 +64,15 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
-    """(runtime options, stream, include_usage)."""
+def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bool, bool, int]:
+    """(runtime options, stream, include_usage, n)."""
     unknown = sorted(set(body) - IGNORED)
     if unknown:
         raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
-    n = _int(body, "n", 1, 1)
-    del n
+    n = _int(body, "n", 1, 128) or 1
+    for key in ("audio", "prediction", "web_search_options"):
+        if body.get(key) is not None:
+            raise ApiError(400, f"`{key}` is not supported by this server", key)
     for key in ("tools", "functions"):
         if body.get(key):
             raise ApiError(400, f"`{key}` is not supported by this server", key)
@@ -79,13 +82,14 @@ def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
     mod = body.get("modalities")
     if mod is not None and mod != ["text"]:
         raise ApiError(400, "`modalities`: this server answers text only ([\"text\"])", "modalities")
-    if body.get("logprobs") or body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) != 1:
-        key = next(k for k in ("logprobs", "echo", "suffix", "best_of") if body.get(k))
+    if body.get("echo") or body.get("suffix") or (body.get("best_of") or 1) != 1:
+        key = next(k for k in ("echo", "suffix", "best_of") if body.get(k))
         raise ApiError(400, f"`{key}` is not supported by this server", key)
+    logprobs = _logprobs(body, chat)
     rf = body.get("response_format")
     if rf is not None and (not isinstance(rf, dict) or rf.get("type") != "text"):
         raise ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format")
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = {"logprobs": logprobs}
     mt = _int(body, "max_completion_tokens", 1, 1 << 20)
     mt2 = _int(body, "max_tokens", 1, 1 << 20)
     opts["max_tokens"] = mt if mt is not None else mt2
@@ -131,33 +135,27 @@ def completion_params(body: dict) -> tuple[dict[str, Any], bool, bool]:
     if so is not None and not isinstance(so, dict):
         raise ApiError(400, "`stream_options` must be an object", "stream_options")
     include_usage = bool((so or {}).get("include_usage", False))
-    return {k: v for k, v in opts.items() if v is not None}, stream, include_usage
+    return {k: v for k, v in opts.items() if v is not None}, stream, include_usage, n
 
 
-def _content(msg: dict, i: int) -> str:
-    c = msg.get("content")
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        parts = []
-        for part in c:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ApiError(400, f"messages[{i}].content: only text parts are supported", "messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", "messages")
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Alternatives per token to report, or None: chat's logprobs (bool) + top_logprobs (0-20),
+    completions' logprobs (0-5)."""
+    if not chat:
+        return _int(body, "logprobs", 0, 5)
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise ApiError(400, "`logprobs` must be true or false", "logprobs")
+    top = _int(body, "top_logprobs", 0, 20)
+    if top is not None and not lp:
+        raise ApiError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return (top or 0) if lp else None
 
 
-def chat_input(body: dict) -> str:
-    """The task's input: the one user message. Earlier turns and system messages are refused
-    (the task's baked prefix is the system prompt and the conversation so far)."""
+def chat_messages(body: dict) -> list:
+    """The request's messages (their roles and contents are checked by the runtime, which
+    names messages[i] in its error)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ApiError(400, "`messages` must be a non-empty list of {role, content} objects", "messages")
-    if len(msgs) != 1 or msgs[0].get("role") != "user":
-        roles = [m.get("role") for m in msgs]
-        raise ApiError(400, f"this server takes exactly one user message per request (got roles "
-                       f"{roles}): a task's baked prefix is its system prompt and history, so "
-                       "extra system messages and earlier turns are refused rather than dropped",
-                       "messages")
-    return _content(msgs[0], 0)
+    return msgs

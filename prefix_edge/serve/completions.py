@@ -1,0 +1,306 @@
+"""POST /v1/chat/completions and /v1/completions: a body → runtime requests → OpenAI's JSON or
+SSE chunks.
+
+A chat request's messages are the conversation (rendered by the model's chat template after
+the task's prefix; the turn cache resumes it after the previous turn). `n` choices share one
+prefill; `logprobs` report the model's own log-probabilities. The body is parsed, checked and
+tokenized in a worker thread; a waiting response holds no thread; a client that goes away
+cancels its request(s) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..runtime.text import token_bytes
+from .schema import ApiError, chat_messages, check_strings, completion_params
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
+DISCONNECTED = 499  # counted in /metrics for a client that left before its answer
+BASE_MODEL = "base"  # the bundle's model itself, no task prefix (a plain chat model)
+
+
+def read_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_strings(body)
+    return body
+
+
+def task_of(body: dict, tasks, seen: dict, chat: bool = True) -> str | None:
+    """The task a body's `model` names (None: the base model)."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
+    if model not in tasks and not (chat and model == BASE_MODEL):
+        raise ApiError(404, f"the model `{model}` does not exist; this server's models "
+                       f"(tasks) are: {', '.join(sorted(tasks))}" + (f", {BASE_MODEL}" if chat else ""),
+                       "model", "model_not_found")
+    seen["model"] = model
+    return None if model == BASE_MODEL and model not in tasks else model
+
+
+def start(rt, task, text, messages, opts: dict, n: int, param: str) -> list:
+    """The runtime's streams for one body (AsyncStreams), runtime errors as ApiErrors."""
+    from ..runtime.stream import AsyncStream
+
+    try:
+        return [AsyncStream(s) for s in rt.choices(task, text, messages=messages, n=n, **opts)]
+    except (RuntimeBusy, RuntimeClosed):
+        raise
+    except ContextLengthExceeded as e:
+        raise ApiError(400, str(e), param, "context_length_exceeded")
+    except PrefixEdgeError as e:
+        raise ApiError(400, str(e), param_of(str(e)) or param)
+
+
+def param_of(msg: str) -> str | None:
+    if msg.startswith("messages") or msg.startswith("task '") and "chat" in msg:
+        return "messages"
+    if msg.startswith("n must"):
+        return "n"
+    for name in ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
+                 "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs"):
+        if msg.startswith(name) or f" {name} " in msg:
+            return name
+    if "input" in msg:
+        return "messages"
+    return None
+
+
+def usage(results: list) -> dict:
+    r = results[0]
+    prompt = r.stats.prefix_tokens + r.stats.input_tokens
+    out = sum(x.stats.generated_tokens for x in results)
+    return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
+            "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens}}
+
+
+class LogprobFormat:
+    """Engine (id, logprob, alternatives) → OpenAI's logprobs entries."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def entry(self, tid: int, lp: float) -> dict:
+        b = token_bytes(self.tok, tid)
+        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+    def chat(self, items: list) -> list:
+        return [{**self.entry(t, lp), "top_logprobs": [self.entry(a, alp) for a, alp in alts]}
+                for t, lp, alts in items]
+
+    def completion(self, items: list, offset: int = 0) -> dict:
+        toks, lps, tops, offs = [], [], [], []
+        for t, lp, alts in items:
+            e = self.entry(t, lp)
+            toks.append(e["token"])
+            lps.append(lp)
+            tops.append({self.entry(a, alp)["token"]: alp for a, alp in alts})
+            offs.append(offset)
+            offset += len(e["token"])
+        return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+async def merged(handles: list):
+    """(index, kind, value) from every choice as it comes: kind "text" (value a chunk), then
+    "done" (value its Result) or "error" (value the PrefixEdgeError)."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, h):
+        try:
+            async for chunk in h:
+                await q.put((i, "text", chunk))
+            await q.put((i, "done", h.result))
+        except PrefixEdgeError as e:
+            await q.put((i, "error", e))
+
+    pumps = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    left = len(handles)
+    try:
+        while left:
+            item = await q.get()
+            if item[1] != "text":
+                left -= 1
+            yield item
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def watch_disconnect(request: Request, handles: list) -> None:
+    """Cancel the request(s) as soon as the client's connection goes away (its body is read:
+    the next ASGI message is the disconnect)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            for h in handles:
+                h.cancel("disconnected")
+            return
+
+
+class Completions:
+    def __init__(self, rt, metrics, state, error):
+        self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
+        self.tasks = rt.tasks
+        self.lp = LogprobFormat(rt.tokenizer)
+
+    def parse(self, raw: bytes, chat: bool) -> tuple:
+        """In a worker thread: the body parsed and checked, and the request started. An
+        ApiError carries the model (for /metrics) once it is known."""
+        seen = {"model": ""}
+        try:
+            body = read_body(raw)
+            task = task_of(body, self.tasks, seen, chat)
+            if chat:
+                text, messages = None, chat_messages(body)
+            else:
+                text, messages = prompt_of(body), None
+            opts, stream, include_usage, n = completion_params(body, chat)
+            handles = start(self.rt, task, text, messages, opts, n, "messages" if chat else "prompt")
+            return seen["model"], handles, stream, include_usage
+        except (ApiError, RuntimeBusy, RuntimeClosed) as e:
+            e.model = seen["model"]
+            raise
+
+    async def __call__(self, request: Request, chat: bool):
+        state, metrics, error = self.state, self.metrics, self.error
+        if state.draining:
+            return error(503, "the server is shutting down", "server_error", None, "unavailable",
+                         {"Retry-After": "5", "Connection": "close"})
+        raw = await request.body()
+        try:
+            model, handles, stream, include_usage = await asyncio.to_thread(self.parse, raw, chat)
+        except ApiError as e:
+            metrics.count(e.model, e.status)
+            return error(e.status, e.message, param=e.param, code=e.code)
+        except RuntimeBusy as e:
+            metrics.count(e.model, 429)
+            return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
+        except RuntimeClosed as e:
+            metrics.count(e.model, 503)
+            return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
+        state.live.update(handles)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if stream:
+            return StreamingResponse(self._sse(handles, rid, model, chat, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watcher = asyncio.create_task(watch_disconnect(request, handles))
+        try:
+            results = [None] * len(handles)
+            async for i, kind, value in merged(handles):
+                if kind == "error":
+                    for h in handles:
+                        h.cancel()
+                    metrics.count(model, 500)
+                    return error(500, str(value), "server_error")
+                if kind == "done":
+                    results[i] = value
+        finally:
+            watcher.cancel()
+            state.live.difference_update(handles)
+        reasons = {r.stats.finish_reason for r in results}
+        if "disconnected" in reasons:
+            metrics.count(model, DISCONNECTED)
+            metrics.disconnected += 1
+            return error(400, "the client disconnected", code="client_disconnected")  # nobody reads it
+        if "shutdown" in reasons:
+            metrics.count(model, 503)
+            return error(503, "the server shut down before this request finished", "server_error",
+                         None, "server_shutdown", {"Retry-After": "5"})
+        for r in results:
+            metrics.observe(model, r)
+        choices = []
+        for i, r in enumerate(results):
+            choice: dict[str, Any] = {"index": i, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
+            lp = r.logprobs if handles[i].logprobs_on else None
+            if chat:
+                choice["message"] = {"role": "assistant", "content": r.text, "refusal": None}
+                choice["logprobs"] = {"content": self.lp.chat(lp), "refusal": None} if lp is not None else None
+            else:
+                choice.update(text=r.text, logprobs=self.lp.completion(lp) if lp is not None else None)
+            choices.append(choice)
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": model, "choices": choices,
+                "usage": usage(results), "system_fingerprint": None}
+
+    async def _sse(self, handles: list, rid: str, model: str, chat: bool, include_usage: bool):
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        metrics, state = self.metrics, self.state
+        sent = [0] * len(handles)  # logprob entries already sent, per choice
+
+        def frame(choices: list, use: dict | None = None) -> str:
+            obj = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
+            if include_usage:
+                obj["usage"] = use
+            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        def delta(i: int, text: str | None, finish: str | None, role: bool = False) -> dict:
+            lp = None
+            if handles[i].logprobs_on and not role:
+                items = handles[i].logprobs[sent[i]:]
+                sent[i] += len(items)
+                lp = ({"content": self.lp.chat(items), "refusal": None} if chat
+                      else self.lp.completion(items)) if items or finish is None else None
+            if chat:
+                d: dict = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+                return {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
+            return {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
+
+        def failure(message: str, type_: str, code: str | None) -> str:
+            err = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+            return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
+
+        results = [None] * len(handles)
+        try:
+            if chat:
+                yield frame([delta(i, None, None, role=True) for i in range(len(handles))])
+            async for i, what, value in merged(handles):
+                if what == "error":
+                    metrics.count(model, 500)
+                    yield failure(str(value), "server_error", None)
+                    return
+                if what == "text":
+                    yield frame([delta(i, value, None)])
+                    continue
+                results[i] = value
+                if value.stats.finish_reason == "shutdown":  # never a silent cut: the client sees why
+                    metrics.count(model, 503)
+                    yield failure("the server shut down before this answer finished", "server_error",
+                                  "server_shutdown")
+                    return
+                metrics.observe(model, value)
+                yield frame([delta(i, None, FINISH.get(value.stats.finish_reason, "stop"))])
+            if include_usage:
+                yield frame([], usage(results))
+            yield "data: [DONE]\n\n"
+        finally:
+            state.live.difference_update(handles)
+            if not all(h.done for h in handles):  # the client went away: stop generating for it
+                for h in handles:
+                    h.cancel("disconnected")
+                metrics.count(model, DISCONNECTED)
+                metrics.disconnected += 1
+
+
+def prompt_of(body: dict) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        raise ApiError(400, "`prompt` must be a string (one prompt per request)", "prompt")
+    return p

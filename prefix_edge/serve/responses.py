@@ -1,0 +1,254 @@
+"""POST /v1/responses (and GET /v1/responses/{id}): OpenAI's Responses API, the text subset
+the openai SDK, its agents and LangChain's Responses path send.
+
+`input` is a string (one user message) or a list of message items ({role, content} with
+`input_text` / `output_text` parts, `type: "message"` optional); `instructions` is a system
+message before them; `previous_response_id` continues a stored response (its input and output
+come first; responses are kept in memory, the last MAX_STORED, unless `store: false`).
+Streaming sends the typed events (response.created ... response.output_text.delta ...
+response.completed), each with its sequence_number. Tool items are refused with a 400 naming
+`input` (tools: not yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from .completions import DISCONNECTED, LogprobFormat, read_body, start, task_of, watch_disconnect
+from .schema import ApiError, completion_params
+
+MAX_STORED = 256
+# accepted fields beyond the sampling ones (values that change nothing here, or are checked below)
+FIELDS = {"model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p",
+          "tools", "tool_choice", "parallel_tool_calls", "text", "store", "previous_response_id",
+          "metadata", "user", "truncation", "reasoning", "include", "top_logprobs", "service_tier",
+          "prompt_cache_key", "safety_identifier", "stream_options", "background", "seed",
+          "max_tool_calls", "prompt_cache_retention"}
+
+
+def _messages(body: dict, history: list) -> list:
+    msgs = list(history)
+    ins = body.get("instructions")
+    if ins is not None:
+        if not isinstance(ins, str):
+            raise ApiError(400, "`instructions` must be a string", "instructions")
+        msgs = [{"role": "system", "content": ins}] + msgs  # not carried to a next response
+    inp = body.get("input")
+    if isinstance(inp, str):
+        return msgs + [{"role": "user", "content": inp}]
+    if not isinstance(inp, list) or not inp:
+        raise ApiError(400, "`input` must be a string or a non-empty list of message items", "input")
+    for i, item in enumerate(inp):
+        if not isinstance(item, dict):
+            raise ApiError(400, f"`input[{i}]` must be an object", "input")
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise ApiError(400, f"`input[{i}]`: items of type {kind!r} are not supported (message "
+                           "items only: no tools yet)", "input")
+        msgs.append({"role": item.get("role"), "content": item.get("content")})
+    return msgs
+
+
+class Responses:
+    def __init__(self, rt, metrics, state, error):
+        self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
+        self.tasks = rt.tasks
+        self.stored: OrderedDict[str, tuple[dict, list]] = OrderedDict()  # id -> (response, messages)
+        self.lp = LogprobFormat(rt.tokenizer)
+
+    def get(self, response_id: str):
+        got = self.stored.get(response_id)
+        if got is None:
+            return self.error(404, f"no stored response `{response_id}`", param="response_id",
+                              code="not_found")
+        return got[0]
+
+    def parse(self, raw: bytes) -> tuple:
+        seen = {"model": ""}
+        try:
+            body = read_body(raw)
+            unknown = sorted(set(body) - FIELDS)
+            if unknown:
+                raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+            task = task_of(body, self.tasks, seen)
+            if body.get("tools"):
+                raise ApiError(400, "`tools` are not supported by this server yet", "tools")
+            if body.get("tool_choice") not in (None, "none", "auto"):
+                raise ApiError(400, "`tool_choice` needs tools (not supported yet)", "tool_choice")
+            tx = body.get("text") or {}
+            fmt = (tx.get("format") or {}) if isinstance(tx, dict) else None
+            if not isinstance(fmt, dict) or fmt.get("type", "text") != "text":
+                raise ApiError(400, "only text output (`text.format.type` \"text\") is supported", "text")
+            history = []
+            prev = body.get("previous_response_id")
+            if prev is not None:
+                if prev not in self.stored:
+                    raise ApiError(404, f"no stored response `{prev}`", "previous_response_id",
+                                   "previous_response_not_found")
+                history = self.stored[prev][1]
+            messages = _messages(body, history)
+            sampling = {k: body[k] for k in ("temperature", "top_p", "seed") if k in body}
+            if body.get("max_output_tokens") is not None:
+                sampling["max_tokens"] = body["max_output_tokens"]
+            top = body.get("top_logprobs")
+            if top is not None:
+                sampling.update(logprobs=True, top_logprobs=top)
+            opts, _, _, _ = completion_params(sampling)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise ApiError(400, "`stream` must be true or false", "stream")
+            store = body.get("store", True) is not False
+            handle = start(self.rt, task, None, messages, opts, 1, "input")[0]
+            return seen["model"], handle, body, messages, stream, store
+        except ApiError as e:
+            e.param = {"messages": "input", "max_tokens": "max_output_tokens"}.get(e.param, e.param)
+            e.model = seen["model"]
+            raise
+        except (RuntimeBusy, RuntimeClosed) as e:
+            e.model = seen["model"]
+            raise
+
+    def _response(self, rid: str, mid: str, model: str, body: dict, status: str, text: str | None,
+                  result=None) -> dict:
+        out = []
+        if text is not None:
+            part = {"type": "output_text", "text": text, "annotations": []}
+            if result is not None and result.logprobs is not None:
+                part["logprobs"] = self.lp.chat(result.logprobs)
+            out = [{"type": "message", "id": mid, "status": "completed" if status != "in_progress"
+                    else "in_progress", "role": "assistant", "content": [part]}]
+        incomplete = None
+        if result is not None and result.stats.finish_reason in ("length", "timeout"):
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        use = None
+        if result is not None:
+            s = result.stats
+            n_in = s.prefix_tokens + s.input_tokens
+            use = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": s.cached_tokens},
+                   "output_tokens": s.generated_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": n_in + s.generated_tokens}
+        return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
+                "model": model, "output": out, "usage": use, "error": None,
+                "incomplete_details": incomplete, "instructions": body.get("instructions"),
+                "max_output_tokens": body.get("max_output_tokens"),
+                "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+                "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": "auto",
+                "tools": [], "text": {"format": {"type": "text"}},
+                "previous_response_id": body.get("previous_response_id"),
+                "store": body.get("store", True), "metadata": body.get("metadata") or {},
+                "truncation": body.get("truncation", "disabled"), "reasoning": None,
+                "user": body.get("user")}
+
+    def _keep(self, rid: str, resp: dict, messages: list, text: str, store: bool) -> None:
+        if resp["instructions"] is not None:
+            messages = messages[1:]
+        if store:
+            self.stored[rid] = (resp, messages + [{"role": "assistant", "content": text}])
+            while len(self.stored) > MAX_STORED:
+                self.stored.popitem(last=False)
+
+    async def create(self, request: Request):
+        state, metrics, error = self.state, self.metrics, self.error
+        if state.draining:
+            return error(503, "the server is shutting down", "server_error", None, "unavailable",
+                         {"Retry-After": "5", "Connection": "close"})
+        raw = await request.body()
+        try:
+            model, h, body, messages, stream, store = await asyncio.to_thread(self.parse, raw)
+        except ApiError as e:
+            metrics.count(e.model, e.status)
+            return error(e.status, e.message, param=e.param, code=e.code)
+        except RuntimeBusy as e:
+            metrics.count(e.model, 429)
+            return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
+        except RuntimeClosed as e:
+            metrics.count(e.model, 503)
+            return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
+        state.live.add(h)
+        rid, mid = "resp_" + uuid.uuid4().hex[:24], "msg_" + uuid.uuid4().hex[:24]
+        if stream:
+            return StreamingResponse(self._events(h, rid, mid, model, body, messages, store),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watcher = asyncio.create_task(watch_disconnect(request, [h]))
+        parts = []
+        try:
+            async for chunk in h:
+                parts.append(chunk)
+        except PrefixEdgeError as e:
+            metrics.count(model, 500)
+            return error(500, str(e), "server_error")
+        finally:
+            watcher.cancel()
+            state.live.discard(h)
+        r = h.result
+        if r.stats.finish_reason in ("disconnected", "shutdown"):
+            metrics.count(model, DISCONNECTED if r.stats.finish_reason == "disconnected" else 503)
+            return error(503, "the request was cut before it finished", "server_error", None,
+                         r.stats.finish_reason)
+        metrics.observe(model, r)
+        resp = self._response(rid, mid, model, body, "completed", r.text, r)
+        self._keep(rid, resp, messages, r.text, store)
+        return resp
+
+    async def _events(self, h, rid, mid, model, body, messages, store):
+        seq = 0
+
+        def event(kind: str, **data: Any) -> str:
+            nonlocal seq
+            obj = {"type": kind, "sequence_number": seq, **data}
+            seq += 1
+            return f"event: {kind}\ndata: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+        where = {"item_id": mid, "output_index": 0, "content_index": 0}
+        parts, sent = [], 0
+        try:
+            start_resp = self._response(rid, mid, model, body, "in_progress", None)
+            yield event("response.created", response=start_resp)
+            yield event("response.in_progress", response=start_resp)
+            yield event("response.output_item.added", output_index=0, item={
+                "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
+            yield event("response.content_part.added", **where,
+                        part={"type": "output_text", "text": "", "annotations": []})
+            async for chunk in h:
+                parts.append(chunk)
+                lp = []
+                if h.logprobs_on:
+                    items = h.logprobs[sent:]
+                    sent += len(items)
+                    lp = self.lp.chat(items)
+                yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
+            r = h.result
+            text = "".join(parts)
+            if r.stats.finish_reason == "shutdown":
+                self.metrics.count(model, 503)
+                yield event("error", code="server_shutdown", param=None,
+                            message="the server shut down before this answer finished")
+                return
+            self.metrics.observe(model, r)
+            part = {"type": "output_text", "text": text, "annotations": []}
+            yield event("response.output_text.done", **where, text=text, logprobs=[])
+            yield event("response.content_part.done", **where, part=part)
+            resp = self._response(rid, mid, model, body, "completed", text, r)
+            yield event("response.output_item.done", output_index=0, item=resp["output"][0])
+            self._keep(rid, resp, messages, text, store)
+            yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
+                        response=resp)
+        except PrefixEdgeError as e:
+            self.metrics.count(model, 500)
+            yield event("error", code="server_error", param=None, message=str(e))
+        finally:
+            self.state.live.discard(h)
+            if not h.done:
+                h.cancel("disconnected")
+                self.metrics.count(model, DISCONNECTED)
+                self.metrics.disconnected += 1
