@@ -8,42 +8,29 @@ bad request fails at the call); sampling, stop strings and streaming run in the 
 
 from __future__ import annotations
 
-import functools
 import threading
-import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..bundle import Manifest
-from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
-from ..tasks import check_generation, check_text, fill_template
+from ..errors import PrefixEdgeError
 from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
-from .sampling import Sampler
-from .scheduler import Request, Scheduler
-from .stream import AsyncStream, Result, Stats, Stream
-from .text import TextStream
-from .requests import Requests
+from .scheduler import Scheduler
+from .stream import AsyncStream, Result, Stream
+from .requests import DEFAULTS, Requests, task_options  # noqa: F401  (their home is requests.py)
 from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
 from ..bundle.verify import file_hashes
 
+if TYPE_CHECKING:
+    from .conversation import Conversation
+
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
-DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                            "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
-                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
 GGUF_CTX_DEFAULT = 4096      # llama.cpp: positions per request unless n_ctx says otherwise
 GGUF_CTX_CAP = 1 << 15       # shared_kv: positions per request unless n_ctx says otherwise
 REQUEST_CELLS = 512          # shared_kv: cells per slot by default (input + default max_tokens)
 RESIDENT_SEQS = 16           # shared_kv: llama.cpp sequences kept for resident task prefixes
 RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
-
-
-def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Generation options, resolved and checked: the runtime's DEFAULTS, then a task's defaults,
-    then a request's overrides."""
-    return check_generation({**DEFAULTS, **defaults, **(overrides or {})})
 
 
 def _importable(backend: str) -> bool:

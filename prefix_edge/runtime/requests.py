@@ -20,6 +20,17 @@ from .scheduler import Request
 from .stream import Result, Stats
 from .text import TextStream
 
+DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                            "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
+                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
+
+
+def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generation options, resolved and checked: the runtime's DEFAULTS, then a task's defaults,
+    then a request's overrides."""
+    return check_generation({**DEFAULTS, **defaults, **(overrides or {})})
+
+
 FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens")
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
@@ -27,8 +38,6 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 class Requests:
     # -- options ------------------------------------------------------------------------
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-        from .generate import DEFAULTS, task_options
-
         unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs"}
         if unknown:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")

@@ -1,0 +1,190 @@
+"""The server with the clients people use: conversations (system prompts, history) through the
+official openai SDK (chat completions and the Responses API), LangChain's ChatOpenAI and
+litellm, n choices, logprobs. Every answer is compared with the same request run in process
+(Runtime.generate(messages=...)) on the same bundle and backend."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import openai
+import pytest
+
+from prefix_edge import Runtime
+
+from .conftest import INPUTS
+from .test_serve import KEY, start_server
+
+SYSTEM = "Answer in one short sentence."
+
+
+@pytest.fixture(scope="module")
+def server(bundle_int4):
+    proc, base = start_server(bundle_int4)
+    yield base
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def local(bundle_int4):
+    with Runtime.open(bundle_int4, backend="onnx", turn_cache_bytes=0) as rt:
+        yield rt
+
+
+def _ref(local, task, messages, **kw):
+    return local.generate(None if task == "base" else task, messages=messages, max_tokens=12, **kw)
+
+
+@pytest.mark.parametrize("task", ["support", "base"])
+def test_conversation_with_history_and_system(client, local, task):
+    msgs = [{"role": "system", "content": SYSTEM}]
+    cached = []
+    for turn in INPUTS:
+        msgs.append({"role": "user", "content": turn})
+        r = client.chat.completions.create(model=task, messages=msgs, max_tokens=12)
+        ref = _ref(local, task, msgs)
+        assert r.choices[0].message.content == ref.text
+        assert r.choices[0].finish_reason == {"eos": "stop", "length": "length"}[ref.stats.finish_reason]
+        assert r.usage.prompt_tokens == ref.stats.prefix_tokens + ref.stats.input_tokens
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        msgs.append({"role": "assistant", "content": r.choices[0].message.content})
+    # turn k resumed after turn k-1's prompt (the turn cache), not only after the task prefix
+    assert cached[1] > cached[0] and cached[2] > cached[1]
+
+
+def test_streamed_choices_interleave(client, local):
+    msgs = [{"role": "user", "content": INPUTS[0]}]
+    text = {0: "", 1: ""}
+    finish = {}
+    for chunk in client.chat.completions.create(model="support", messages=msgs, max_tokens=12,
+                                                n=2, stream=True):
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    ref = _ref(local, "support", msgs)
+    assert text == {0: ref.text, 1: ref.text} and set(finish) == {0, 1}
+    r = client.chat.completions.create(model="support", messages=msgs, max_tokens=12, n=3,
+                                       temperature=1.0, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for i, c in enumerate(r.choices):  # choice i: the lone request with seed + i
+        assert c.message.content == _ref(local, "support", msgs, temperature=1.0, seed=11 + i).text
+    assert r.usage.completion_tokens == sum(
+        _ref(local, "support", msgs, temperature=1.0, seed=11 + i).stats.generated_tokens for i in range(3))
+
+
+def test_logprobs(client, local):
+    msgs = [{"role": "user", "content": INPUTS[1]}]
+    ref = _ref(local, "support", msgs, logprobs=2)
+    r = client.chat.completions.create(model="support", messages=msgs, max_tokens=12,
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert [round(x.logprob, 9) for x in content] == [round(lp, 9) for _, lp, _ in ref.logprobs]
+    spelled = b"".join(bytes(x.bytes) for x in content).decode(errors="replace")
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):  # skipped in the text
+        spelled = spelled.replace(special, "")
+    assert spelled == r.choices[0].message.content
+    assert all(len(x.top_logprobs) == 2 and x.top_logprobs[0].logprob == x.logprob for x in content)
+    streamed = []
+    for chunk in client.chat.completions.create(model="support", messages=msgs, max_tokens=12,
+                                                logprobs=True, stream=True):
+        for c in chunk.choices:
+            if c.logprobs and c.logprobs.content:
+                streamed += [x.logprob for x in c.logprobs.content]
+    assert [round(x, 9) for x in streamed] == [round(lp, 9) for _, lp, _ in ref.logprobs]
+    c = client.completions.create(model="support", prompt=INPUTS[1], max_tokens=12, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens).startswith(c.choices[0].text) and len(lp.top_logprobs[0]) == 2
+    assert lp.token_logprobs == [x.logprob for x in content]  # the same input, the same model
+
+
+def test_responses_api(client, local, server):
+    r = client.responses.create(model="support", instructions=SYSTEM, max_output_tokens=12,
+                                input=[{"role": "user", "content": [{"type": "input_text", "text": INPUTS[0]}]}])
+    ref = _ref(local, "support", [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": INPUTS[0]}])
+    assert r.output_text == ref.text and r.object == "response"
+    assert r.status == ("incomplete" if ref.stats.finish_reason == "length" else "completed")
+    assert r.usage.output_tokens == ref.stats.generated_tokens
+    # previous_response_id: that response's input and output come first (not its instructions)
+    r2 = client.responses.create(model="support", input=INPUTS[1], previous_response_id=r.id,
+                                 max_output_tokens=12)
+    ref2 = _ref(local, "support", [{"role": "user", "content": INPUTS[0]},
+                                   {"role": "assistant", "content": r.output_text},
+                                   {"role": "user", "content": INPUTS[1]}])
+    assert r2.output_text == ref2.text
+    assert client.responses.retrieve(r2.id).output_text == r2.output_text
+    kinds, deltas = [], ""
+    for ev in client.responses.create(model="base", input="hello there", max_output_tokens=64,
+                                      stream=True):
+        kinds.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            deltas += ev.delta
+    ref3 = local.generate(None, messages=[{"role": "user", "content": "hello there"}], max_tokens=64)
+    assert deltas == ref3.text
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done",
+                          "response.incomplete" if ref3.stats.finish_reason == "length" else "response.completed"]
+    bad = httpx.post(server + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
+                     json={"model": "support", "input": [{"type": "function_call_output", "output": "1"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    missing = httpx.post(server + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
+                         json={"model": "support", "input": "x", "previous_response_id": "resp_nope"})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "previous_response_id"
+
+
+def test_langchain_chat_openai(server, local):
+    lc = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+    chat = lc.ChatOpenAI(model="support", base_url=server + "/v1", api_key=KEY, max_tokens=12,
+                         temperature=0, max_retries=0)
+    first = chat.invoke([SystemMessage(SYSTEM), HumanMessage(INPUTS[0])])
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": INPUTS[0]}]
+    assert first.content == _ref(local, "support", msgs).text
+    history = [SystemMessage(SYSTEM), HumanMessage(INPUTS[0]), AIMessage(first.content), HumanMessage(INPUTS[2])]
+    streamed = "".join(c.content for c in chat.stream(history))
+    msgs += [{"role": "assistant", "content": first.content}, {"role": "user", "content": INPUTS[2]}]
+    assert streamed == _ref(local, "support", msgs).text
+
+
+def test_litellm(server, local):
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    litellm = pytest.importorskip("litellm")
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": INPUTS[0]},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": INPUTS[1]}]
+    r = litellm.completion(model="openai/support", api_base=server + "/v1", api_key=KEY,
+                           messages=msgs, max_tokens=12, temperature=0)
+    assert r.choices[0].message.content == _ref(local, "support", msgs).text
+
+
+def test_raw_bodies_real_clients_send(server, local):
+    """Shapes other clients send by default, as raw JSON: content parts, developer role,
+    null fields, stream_options."""
+    msgs = [{"role": "developer", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": INPUTS[2]}]}]
+    body = {"model": "support", "messages": msgs, "max_tokens": 12, "tools": None, "tool_choice": None,
+            "stream": True, "stream_options": {"include_usage": True}, "n": 1, "logprobs": False}
+    text, usage = "", None
+    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                obj = json.loads(line[6:])
+                usage = obj.get("usage") or usage
+                for c in obj["choices"]:
+                    text += c["delta"].get("content") or ""
+    ref = _ref(local, "support", [{"role": "system", "content": SYSTEM},
+                                  {"role": "user", "content": INPUTS[2]}])
+    assert text == ref.text and usage["completion_tokens"] == ref.stats.generated_tokens
