@@ -275,3 +275,27 @@ def test_logprobs_are_the_models(bundle_int4):
             logits = be.step(tok)
     finally:
         be.close()
+
+
+def test_cli_chat_with_save_and_resume(bundle_int4, tmp_path):
+    """`prefix-edge run --chat`: each stdin line a turn; --save keeps the conversation, and a
+    second process resumes it. The replies are the in-process conversation's."""
+    from .conftest import cli
+
+    save = tmp_path / "cli.pe"
+    args = ["run", "--chat", "--bundle", str(bundle_int4), "--backend", "gguf", "--task", "support",
+            "--max-tokens", "8", "--save", str(save)]
+    first = cli(*args, stdin="\n".join(TURNS[:2]).encode() + b"\n")
+    assert first.returncode == 0, first.stderr
+    second = cli(*args, stdin=b"/new\n" + TURNS[2].encode() + b"\n")
+    third = cli(*args, stdin=TURNS[3].encode() + b"\n")
+    assert second.returncode == 0 and third.returncode == 0 and "resumed" in third.stderr.decode()
+    with Runtime.open(bundle_int4, backend="gguf") as rt:
+        conv = rt.chat("support")
+        want = [conv.send(t, max_tokens=8).text for t in TURNS[:2]]
+        conv.reset()
+        want += [conv.send(t, max_tokens=8).text for t in TURNS[2:4]]
+    out = (first.stdout + second.stdout + third.stdout).decode()
+    assert out == "".join(w + "\n" for w in want)
+    bad = cli("run", "--bundle", str(bundle_int4), "--system", "x", "--task", "support", "hi")
+    assert bad.returncode != 0 and "--chat" in bad.stderr.decode()

@@ -28,7 +28,7 @@ def read_input(text: Optional[str]) -> str:
 @app.command()
 def run(
     input: Optional[str] = typer.Argument(None, help="The user's input (default: read stdin)."),
-    task: str = typer.Option(..., "--task", "-t", help="Task name (see `prefix-edge tasks`)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name (see `prefix-edge tasks`); with --chat, default: the base model."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
     backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto (the faster one the bundle has)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | metal (gguf) | auto."),
@@ -44,14 +44,27 @@ def run(
     frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help="-2..2, 0 = off."),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
+    chat: bool = typer.Option(False, "--chat", help="An interactive conversation: each line you type is a turn (/new starts over, /exit or Ctrl-D ends)."),
+    system: Optional[str] = typer.Option(None, "--system", help="--chat: a system message after the task's own."),
+    save: Optional[Path] = typer.Option(None, "--save", help="--chat: keep the conversation in this file (written after every turn; resumed from it when it exists)."),
 ) -> None:
-    """Run one task on INPUT, decoding from the task's baked prefix."""
+    """Run one task on INPUT, decoding from the task's baked prefix (or chat with --chat)."""
     from ..runtime.generate import Runtime
 
-    text = read_input(input)
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                 min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache)
+    if not chat:
+        if task is None:
+            raise PrefixEdgeError("--task is required (or --chat for a conversation)")
+        if system is not None or save is not None:
+            raise PrefixEdgeError("--system and --save go with --chat")
+    if chat:
+        if input is not None or as_json:
+            raise PrefixEdgeError("--chat reads its turns from the terminal (no INPUT, no --json)")
+        with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1) as rt:
+            return _chat(rt, task, system, save, {k: v for k, v in opts.items() if v is not None})
+    text = read_input(input)
     with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1) as rt:
         if as_json:
             r = rt.generate(task, text, **opts)
@@ -66,3 +79,49 @@ def run(
             out.write(chunk)
             out.flush()
         out.write("\n")
+
+
+def _chat(rt, task: Optional[str], system: Optional[str], save: Optional[Path], opts: dict) -> None:
+    """The terminal conversation: a prompt on stderr (when it is a terminal), replies on stdout."""
+    tty = sys.stdin is not None and sys.stdin.isatty()
+    if save is not None and save.exists():
+        conv = rt.resume(save)
+        if conv.task != task:
+            raise PrefixEdgeError(f"{save} holds a conversation with "
+                                  f"{'task ' + repr(conv.task) if conv.task else 'the base model'}; "
+                                  "pass that --task or another --save file")
+        typer.echo(f"resumed {sum(m['role'] == 'user' for m in conv.messages)} turns from {save}", err=True)
+    else:
+        conv = rt.chat(task, system=system)
+    if tty:
+        typer.echo(f"chat with {'task ' + task if task else 'the base model'} "
+                   f"({rt.backend.name}); /new starts over, /exit or Ctrl-D ends", err=True)
+    while True:
+        if tty:
+            sys.stderr.write("> ")
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            break
+        line = line.rstrip("\n")
+        if line.strip() == "/exit":
+            break
+        if line.strip() == "/new":
+            conv.reset()
+            typer.echo("(new chat)", err=True)
+            continue
+        if not line.strip():
+            continue
+        s = conv.stream(line, **opts)
+        try:
+            for chunk in s:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        except KeyboardInterrupt:  # Ctrl-C stops the reply; the conversation goes on
+            s.cancel()
+            for _ in s:
+                pass
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if save is not None:
+            conv.save(save)
