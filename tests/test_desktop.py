@@ -1,5 +1,6 @@
-"""The desktop example (examples/desktop/app.py) in a real Tk window on Xvfb: two tasks answered
-exactly as the runtime answers them, a Stop during the prefill, and a screenshot."""
+"""The desktop example (examples/desktop/app.py) in a real Tk window on Xvfb: a conversation and
+a one-shot task answered exactly as the runtime answers them, New chat, a Stop during the
+prefill, and a screenshot."""
 
 from __future__ import annotations
 
@@ -71,16 +72,35 @@ def test_desktop_app_two_tasks_stop_and_screenshot(display, bundle_int4, tmp_pat
             app = mod.App(root, rt)
             _pump(app, lambda: True)
             assert set(app.picker["values"]) == set(rt.tasks)
-            for task, text in (("support", INPUTS[0]), ("sentiment", INPUTS[1])):
-                ref = rt.generate(task, text)
-                app.task.set(task)
+            ref_conv = rt.chat("support")
+
+            def send(text):
                 app.input.delete("1.0", "end")
                 app.input.insert("1.0", text)
                 app.run_button.invoke()
                 _pump(app, lambda: str(app.run_button["state"]) == "normal")
-                assert app.output_text() == ref.text
-                assert app.last_result.tokens == ref.tokens
+
+            app.task.set("support")
+            app.new_chat()
+            for k, text in enumerate(INPUTS[:2]):  # a conversation: turn 2 sees turn 1
+                ref = ref_conv.send(text)
+                send(text)
+                assert app.reply == ref.text and app.last_result.tokens == ref.tokens
                 assert app.status.get().startswith(ref.stats.finish_reason)
+                assert f"You: {text}" in app.output_text()
+                if k:
+                    assert app.last_result.stats.cached_tokens > rt.tasks["support"].prefix_tokens
+            assert app.conv.messages == ref_conv.messages
+            app.new_button.invoke()  # New chat: the history goes
+            assert app.output_text() == "" and app.conv.messages == []
+            send(INPUTS[0])
+            assert app.last_result.tokens == rt.generate("support", INPUTS[0]).tokens
+            app.task.set("raw")  # not a chat task: one message at a time
+            app.new_chat()
+            for text in INPUTS[1:3]:
+                send(text)
+                assert app.last_result.tokens == rt.generate("raw", text).tokens
+                assert app.output_text().count("You:") == 1
             # Stop during the prefill (one token per step here), from the UI thread
             app.task.set("raw")
             app.input.delete("1.0", "end")

@@ -1,11 +1,14 @@
-"""A small desktop app that embeds the prefix-edge runtime in-process (Tkinter).
+"""A small desktop chat app that embeds the prefix-edge runtime in-process (Tkinter).
 
     python examples/desktop/app.py [--bundle DIR] [--backend auto|onnx|gguf]
 
-Pick a task, type an input, press Run: the answer streams in from a worker thread; Stop cancels
-it (also during the prefill); the status line shows TTFT, tok/s and why it ended. The UI thread
-never calls the runtime's blocking iterator: the worker puts chunks on a queue that the UI
-drains every 20 ms (Tk is single-threaded).
+Pick a task, type a message, press Send: the reply streams in from a worker thread and joins
+the conversation (a chat task keeps its history: each turn resumes from the turn cache, so it
+prefills only the new message); New chat starts over, as does picking another task; Stop
+cancels a reply (also during the prefill); the status line shows TTFT, tok/s, the tokens
+reused and why it ended. A task that is not a chat task (chat = false) answers each message on
+its own. The UI thread never calls the runtime's blocking iterator: the worker puts chunks on
+a queue that the UI drains every 20 ms (Tk is single-threaded).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class App:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.stream = None
         self.last_result = None
+        self.conv = None  # the conversation of a chat task (None: one message at a time)
+        self.reply = ""
         root.title("prefix-edge")
         frame = ttk.Frame(root, padding=8)
         frame.grid(sticky="nsew")
@@ -38,31 +43,49 @@ class App:
         self.picker = ttk.Combobox(frame, textvariable=self.task, values=sorted(rt.tasks),
                                    state="readonly", width=30)
         self.picker.grid(row=0, column=1, sticky="w")
+        self.picker.bind("<<ComboboxSelected>>", lambda _e: self.new_chat())
         ttk.Label(frame, text="Input").grid(row=1, column=0, sticky="nw")
         self.input = tk.Text(frame, height=4, width=70, wrap="word")
         self.input.grid(row=1, column=1, sticky="ew", pady=4)
         buttons = ttk.Frame(frame)
         buttons.grid(row=2, column=1, sticky="w")
-        self.run_button = ttk.Button(buttons, text="Run", command=self.run)
+        self.run_button = ttk.Button(buttons, text="Send", command=self.run)
         self.run_button.grid(row=0, column=0)
         self.stop_button = ttk.Button(buttons, text="Stop", command=self.stop, state="disabled")
         self.stop_button.grid(row=0, column=1, padx=6)
+        self.new_button = ttk.Button(buttons, text="New chat", command=self.new_chat)
+        self.new_button.grid(row=0, column=2)
         self.output = tk.Text(frame, height=14, width=70, wrap="word", state="disabled")
         self.output.grid(row=3, column=0, columnspan=2, sticky="nsew", pady=4)
         self.status = tk.StringVar(value=f"{len(rt.tasks)} tasks · {rt.backend.name}")
         ttk.Label(frame, textvariable=self.status).grid(row=4, column=0, columnspan=2, sticky="w")
         root.protocol("WM_DELETE_WINDOW", self.quit)
         root.after(20, self.poll)
+        self.new_chat()
 
     # -- actions --------------------------------------------------------------------------
+    def new_chat(self) -> None:
+        if self.stream is not None and not self.stream.done:
+            self.stream.cancel()
+        task = self.task.get()
+        self.conv = self.rt.chat(task) if task and self.rt.tasks[task].chat else None
+        self.set_output("")
+        self.status.set(f"new chat with {task}" if self.conv is not None
+                        else f"{task}: one message at a time (not a chat task)")
+
     def run(self) -> None:
         text = self.input.get("1.0", "end").strip()
-        self.set_output("")
+        if self.conv is None:
+            self.set_output("")
         try:
-            self.stream = self.rt.stream(self.task.get(), text)
+            self.stream = (self.conv.stream(text) if self.conv is not None
+                           else self.rt.stream(self.task.get(), text))
         except PrefixEdgeError as e:
             self.status.set(f"error: {e}")
             return
+        self.input.delete("1.0", "end")
+        self.append(f"{'' if not self.output_text() else chr(10) + chr(10)}You: {text}\n\nAssistant: ")
+        self.reply = ""
         self.run_button.configure(state="disabled")
         self.stop_button.configure(state="normal")
         self.status.set("generating ...")
@@ -92,6 +115,7 @@ class App:
             except queue.Empty:
                 break
             if kind == "text":
+                self.reply += value
                 self.append(value)
             else:
                 self.run_button.configure(state="normal")
@@ -103,7 +127,8 @@ class App:
                     self.last_result = value
                     self.status.set(f"{s.finish_reason} · TTFT {s.ttft_ms:.0f} ms · "
                                     f"{s.decode_tok_s:.1f} tok/s · {s.generated_tokens} tokens · "
-                                    f"prefix {s.prefix_tokens} tokens")
+                                    f"reused {s.cached_tokens} of {s.prefix_tokens + s.input_tokens} "
+                                    "prompt tokens")
         self.root.after(20, self.poll)
 
     def append(self, text: str) -> None:
