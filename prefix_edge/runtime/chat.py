@@ -87,11 +87,11 @@ class ChatPrompt:
 class ChatRenderer:
     """Renders and tokenizes conversations for one bundle (the runtime's)."""
 
-    def __init__(self, template: str | None, special: dict, tokenizer, text_tokenizer, special_ids,
+    def __init__(self, template: str | None, special: dict, tokenizer, text_tokenizer,
                  special_texts: list[str]):
         self.template, self.special = template, special
-        self.tok, self._text_tok = tokenizer, text_tokenizer
-        self.special_ids, self.special_texts = special_ids, special_texts
+        self.tok, self._text_tok = tokenizer, text_tokenizer  # text_tokenizer(): built on first need
+        self.special_texts = special_texts
 
     def render(self, messages: list[dict], gen: bool) -> str:
         from ..chat_template import render_chat
@@ -159,7 +159,7 @@ class ChatRenderer:
                 continue
             if a > at:
                 out += self.tok.encode(text[at:a], add_special_tokens=False).ids
-            out += self._text_tok.encode(text[a:b], add_special_tokens=False).ids
+            out += self._text_tok().encode(text[a:b], add_special_tokens=False).ids
             at = b
         if hi > at:
             out += self.tok.encode(text[at:hi], add_special_tokens=False).ids

@@ -73,8 +73,8 @@ class Requests:
         template, special = chat_template_of(self.root, self.manifest)
         added = self.tokenizer.get_added_tokens_decoder()
         texts = [t.content for t in added.values() if t.special and t.content]
-        return ChatRenderer(template, special, self.tokenizer, self._text_tokenizer,
-                            self._special_ids, texts)
+        return ChatRenderer(template, special, self.tokenizer, lambda: self._text_tokenizer,
+                            texts)
 
     # -- input --------------------------------------------------------------------------
     def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
