@@ -129,3 +129,50 @@ def test_gguf_answers_do_not_move_with_history_or_load(home):
             t.join()
     assert seq == [True] * 8
     assert got == [True] * 18
+
+
+CHAT = ["My sync stopped this morning.", "I am on a train with mobile data.", "Where is that setting?",
+        "How much space does Plus have?"]
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_default_conversation_cached_equals_uncached(home, backend):
+    """A 4-turn conversation with the support task on the default quantized bundle: every turn
+    resumed from the turn cache gives the tokens of the same messages run without it."""
+    import os
+
+    from prefix_edge import Runtime
+
+    os.environ["PREFIX_EDGE_HOME"] = home["PREFIX_EDGE_HOME"]
+    try:
+        with Runtime.open(backend=backend) as rt:
+            conv = rt.chat("support")
+            got = [conv.send(t, max_tokens=24) for t in CHAT]
+            assert all(r.stats.cached_tokens > rt.tasks["support"].prefix_tokens for r in got[1:])
+            for k, r in enumerate(got):
+                ref = rt.generate("support", messages=conv.messages[:2 * k + 1], max_tokens=24,
+                                  use_turn_cache=False)
+                assert ref.tokens == r.tokens, f"turn {k + 1}"
+    finally:
+        os.environ.pop("PREFIX_EDGE_HOME", None)
+
+
+def test_default_chat_template_ids_match_transformers(home):
+    """The real SmolLM2 template (it adds its own system prompt when none is given), rendered
+    by the runtime, gives apply_chat_template's ids; after a task, the task's messages first."""
+    from pathlib import Path
+
+    transformers = pytest.importorskip("transformers")
+    from prefix_edge import Runtime
+
+    root = Path(home["PREFIX_EDGE_HOME"]) / "bundles" / "smollm2-135m"
+    tok = transformers.AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+    msgs = [{"role": "user", "content": CHAT[0]}, {"role": "assistant", "content": "Sorry!"},
+            {"role": "system", "content": "Be brief."}, {"role": "user", "content": CHAT[1]}]
+    with Runtime.open(root, backend="gguf") as rt:
+        for m in (msgs[:1], msgs):
+            ids, _, _ = rt.chat_input(None, m)
+            assert list(ids) == list(tok.apply_chat_template(m, add_generation_prompt=True))
+            ids, _, _ = rt.chat_input("support", m)
+            full = tok.apply_chat_template(rt.tasks["support"].chat_messages + m, add_generation_prompt=True)
+            assert list(rt.prefixes.ids("support")) + list(ids) == list(full)

@@ -98,7 +98,9 @@ class ChatRenderer:
 
         return render_chat(self.template, messages, gen, self.special)
 
-    def prompt(self, task: str | None, info, messages: list[dict]) -> ChatPrompt:
+    def prompt(self, task: str | None, info, messages: list[dict], room: int | None = None) -> ChatPrompt:
+        """room: the tokens the input may take; a conversation beyond it fails before its turn
+        boundaries are rendered (one render per earlier turn)."""
         if self.template is None:
             raise PrefixEdgeError("this bundle's model has no chat template: send a single user "
                                   "message to a task, or a prompt (completions)")
@@ -120,6 +122,11 @@ class ChatRenderer:
             raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
                                   "conversation after the task's own messages")
         text = full[len(head):]
+        if room is not None and len(self.tok.encode(text, add_special_tokens=False).ids) > room + 8:
+            from ..errors import ContextLengthExceeded
+
+            raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request may "
+                                        "use after the task's prefix (n_ctx)")
         char_cuts = []
         for i in range(1, len(msgs)):
             if msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant":

@@ -104,7 +104,8 @@ class Requests:
         if task is not None and len(msgs) == 1:
             return self.encode_input(task, msgs[0]["content"]), (), msgs
         info = self.manifest.tasks[task] if task is not None else None
-        p = self.chat_renderer.prompt(task, info, msgs)
+        room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
+        p = self.chat_renderer.prompt(task, info, msgs, room)
         return p.ids, p.cuts, msgs
 
     # -- the request --------------------------------------------------------------------
