@@ -188,3 +188,21 @@ def test_raw_bodies_real_clients_send(server, local):
     ref = _ref(local, "support", [{"role": "system", "content": SYSTEM},
                                   {"role": "user", "content": INPUTS[2]}])
     assert text == ref.text and usage["completion_tokens"] == ref.stats.generated_tokens
+
+
+@pytest.mark.parametrize("messages, param, code", [
+    ([{"role": "user", "content": "hi " * 3000}], "messages", "context_length_exceeded"),
+    ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b " * 800}] * 4
+     + [{"role": "user", "content": "c"}], "messages", "context_length_exceeded"),
+    ([{"role": "user"}], "messages", None),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}, {"role": "user", "content": "x"}],
+     "messages", None),
+    ([{"content": "x"}], "messages", None),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]}], "messages", None),
+])
+def test_bad_conversations_are_400s(server, messages, param, code):
+    r = httpx.post(server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "support", "messages": messages, "max_tokens": 4}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == code and "\n" not in err["message"]
