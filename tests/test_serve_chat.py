@@ -58,6 +58,9 @@ def test_conversation_with_history_and_system(client, local, task):
         msgs.append({"role": "assistant", "content": r.choices[0].message.content})
     # turn k resumed after turn k-1's prompt (the turn cache), not only after the task prefix
     assert cached[1] > cached[0] and cached[2] > cached[1]
+    hits = [ln for ln in httpx.get(client.base_url.join("/metrics").__str__().replace("/v1", ""))
+            .text.splitlines() if ln.startswith("prefix_edge_turn_cache_hits_total")]
+    assert int(hits[0].split()[1]) >= 2
 
 
 def test_streamed_choices_interleave(client, local):

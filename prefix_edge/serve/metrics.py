@@ -68,4 +68,11 @@ class Metrics:
                 f"prefix_edge_active_requests {engine.get('active', 0)}",
                 "# TYPE prefix_edge_waiting_requests gauge",
                 f"prefix_edge_waiting_requests {engine.get('waiting', 0)}"]
+        turns = engine.get("turn_cache") or {}
+        out += ["# TYPE prefix_edge_turn_cache_hits_total counter",
+                f"prefix_edge_turn_cache_hits_total {turns.get('hits', 0)}",
+                "# TYPE prefix_edge_turn_cache_misses_total counter",
+                f"prefix_edge_turn_cache_misses_total {turns.get('misses', 0)}",
+                "# TYPE prefix_edge_turn_cache_bytes gauge",
+                f"prefix_edge_turn_cache_bytes {turns.get('bytes', 0)}"]
         return "\n".join(out) + "\n"
