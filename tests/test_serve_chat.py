@@ -9,28 +9,14 @@ import json
 import os
 
 import httpx
-import openai
 import pytest
 
 from prefix_edge import Runtime
 
 from .conftest import INPUTS
-from .test_serve import KEY, start_server
+from .test_serve import KEY, client, server  # noqa: F401  (the same server fixtures)
 
 SYSTEM = "Answer in one short sentence."
-
-
-@pytest.fixture(scope="module")
-def server(bundle_int4):
-    proc, base = start_server(bundle_int4)
-    yield base
-    proc.terminate()
-    proc.wait(30)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -27,62 +27,14 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .backend import Prefix
-from .sampling import Sampler, token_logprobs
-from .text import TextStream
-
-
-@dataclass(eq=False)  # identity, not field-wise (numpy) comparison
-class Request:
-    task: str
-    prefix_key: str | None       # resident-prefix key (the task), None: no shared prefix
-    prefix: Prefix | None        # restored before `ids` (None: start empty)
-    ids: np.ndarray              # tokens to prefill after the prefix
-    max_tokens: int
-    sampler: Sampler
-    text: TextStream
-    eos: set
-    load_ms: float = 0.0
-    prefix_cached: bool = True
-    t0: float = field(default_factory=time.perf_counter)
-    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    notify: object = None        # called (engine thread) after each event: an asyncio consumer's wake-up
-    cancel_reason: str | None = None
-    cuts: tuple = ()             # input positions prefill chunks never cross (turn boundaries)
-    snapshot: object = None      # fn(backend, request), engine thread, once its input is read
-    siblings: list = field(default_factory=list)  # n > 1: the other choices, forked after the prefill
-    parent: "Request | None" = None               # a sibling's first choice
-    logprobs: int | None = None  # record each token's log-probability and this many alternatives
-    turn_hit: int = 0            # input tokens restored from the turn cache (not in `ids`)
-    # engine-side state
-    forked: bool = False
-    seq: int = -1
-    pos: int = 0
-    fed: int = 0                 # input tokens prefilled so far
-    reserved: int = 0            # KV cells reserved (llama.cpp)
-    uses_resident: bool = False  # started as a copy of a resident prefix (holds a user count)
-    next_token: int | None = None
-    tokens: list = field(default_factory=list)
-    chunks: list = field(default_factory=list)
-    token_logprobs: list = field(default_factory=list)  # (token, logprob, [(id, logprob)...])
-    n_samples: int = 0
-    t_first: float | None = None
-    t_last: float | None = None
-    done: bool = False
-
-    def emit(self, kind: str, value) -> None:
-        self.events.put((kind, value))
-        wake = self.notify
-        if wake is not None:
-            try:
-                wake()
-            except Exception:  # a closed event loop: its consumer is gone
-                pass
+from .request import Request
+from .sampling import token_logprobs
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .generate import Runtime
-    from .scheduler import Request
+    from .request import Request
 
 
 @dataclass

@@ -140,6 +140,31 @@ async def merged(handles: list):
             p.cancel()
 
 
+async def admit(request: Request, state, metrics, error, parse, *args):
+    """A POST's body read and handed to parse(raw, *args) in a worker thread: its result, or
+    the error response (503 while draining, the ApiError's 4xx, 429 busy, 503 closed)."""
+    if state.draining:
+        return error(503, "the server is shutting down", "server_error", None, "unavailable",
+                     {"Retry-After": "5", "Connection": "close"})
+    raw = await request.body()
+    try:
+        return await asyncio.to_thread(parse, raw, *args)
+    except ApiError as e:
+        metrics.count(e.model, e.status)
+        return error(e.status, e.message, param=e.param, code=e.code)
+    except RuntimeBusy as e:
+        metrics.count(e.model, 429)
+        return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
+    except RuntimeClosed as e:
+        metrics.count(e.model, 503)
+        return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
+
+
+def sse(events) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 async def watch_disconnect(request: Request, handles: list) -> None:
     """Cancel the request(s) as soon as the client's connection goes away (its body is read:
     the next ASGI message is the disconnect)."""
@@ -177,27 +202,14 @@ class Completions:
 
     async def __call__(self, request: Request, chat: bool):
         state, metrics, error = self.state, self.metrics, self.error
-        if state.draining:
-            return error(503, "the server is shutting down", "server_error", None, "unavailable",
-                         {"Retry-After": "5", "Connection": "close"})
-        raw = await request.body()
-        try:
-            model, handles, stream, include_usage = await asyncio.to_thread(self.parse, raw, chat)
-        except ApiError as e:
-            metrics.count(e.model, e.status)
-            return error(e.status, e.message, param=e.param, code=e.code)
-        except RuntimeBusy as e:
-            metrics.count(e.model, 429)
-            return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
-        except RuntimeClosed as e:
-            metrics.count(e.model, 503)
-            return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
+        got = await admit(request, state, metrics, error, self.parse, chat)
+        if not isinstance(got, tuple):
+            return got
+        model, handles, stream, include_usage = got
         state.live.update(handles)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if stream:
-            return StreamingResponse(self._sse(handles, rid, model, chat, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return sse(self._sse(handles, rid, model, chat, include_usage))
         watcher = asyncio.create_task(watch_disconnect(request, handles))
         try:
             results = [None] * len(handles)

@@ -20,10 +20,10 @@ from collections import OrderedDict
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from .completions import DISCONNECTED, LogprobFormat, read_body, start, task_of, watch_disconnect
+from .completions import (DISCONNECTED, LogprobFormat, admit, read_body, sse, start, task_of,
+                          watch_disconnect)
 from .schema import ApiError, completion_params
 
 MAX_STORED = 256
@@ -158,27 +158,14 @@ class Responses:
 
     async def create(self, request: Request):
         state, metrics, error = self.state, self.metrics, self.error
-        if state.draining:
-            return error(503, "the server is shutting down", "server_error", None, "unavailable",
-                         {"Retry-After": "5", "Connection": "close"})
-        raw = await request.body()
-        try:
-            model, h, body, messages, stream, store = await asyncio.to_thread(self.parse, raw)
-        except ApiError as e:
-            metrics.count(e.model, e.status)
-            return error(e.status, e.message, param=e.param, code=e.code)
-        except RuntimeBusy as e:
-            metrics.count(e.model, 429)
-            return error(429, str(e), "rate_limit_error", None, "overloaded", {"Retry-After": "1"})
-        except RuntimeClosed as e:
-            metrics.count(e.model, 503)
-            return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
+        got = await admit(request, state, metrics, error, self.parse)
+        if not isinstance(got, tuple):
+            return got
+        model, h, body, messages, stream, store = got
         state.live.add(h)
         rid, mid = "resp_" + uuid.uuid4().hex[:24], "msg_" + uuid.uuid4().hex[:24]
         if stream:
-            return StreamingResponse(self._events(h, rid, mid, model, body, messages, store),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return sse(self._events(h, rid, mid, model, body, messages, store))
         watcher = asyncio.create_task(watch_disconnect(request, [h]))
         parts = []
         try:

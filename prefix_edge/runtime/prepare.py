@@ -16,7 +16,7 @@ from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
 from ..tasks import check_generation, check_text, fill_template
 from .chat import ChatRenderer, check_messages
 from .sampling import Sampler
-from .scheduler import Request
+from .request import Request
 from .stream import Result, Stats
 from .text import TextStream
 
