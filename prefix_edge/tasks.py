@@ -45,6 +45,9 @@ GEN_KEYS = {
     "presence_penalty": float,
     "frequency_penalty": float,
     "logit_bias": dict,
+    "json_schema": object,  # a JSON schema (a table), or true: any JSON object
+    "regex": str,
+    "grammar": str,         # a Lark grammar (llguidance's dialect)
 }
 TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
 ALL_KEYS = TEXT_KEYS | {"adapter"}
@@ -250,6 +253,15 @@ def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
         typ = GEN_KEYS.get(key)
         if typ is None or value is None:
             continue
+        if key == "json_schema":
+            if value is not True and not isinstance(value, dict):
+                raise PrefixEdgeError(f"json_schema must be a JSON schema (an object) or true (any "
+                                      f"JSON object), got {value!r}")
+            continue
+        if key in ("regex", "grammar"):
+            if not isinstance(value, str) or not value:
+                raise PrefixEdgeError(f"{key} must be a non-empty string, got {value!r}")
+            continue
         if typ is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise PrefixEdgeError(f"{key} must be a number, got {value!r}")
@@ -282,6 +294,9 @@ def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
                 bias[tok] = float(v)
             out[key] = bias
     o = out
+    given = [k for k in ("json_schema", "regex", "grammar") if o.get(k) not in (None, False)]
+    if len(given) > 1:
+        raise PrefixEdgeError(f"give one constraint, not {' and '.join(given)}")
     if o.get("max_tokens") is not None and o["max_tokens"] < 1:
         raise PrefixEdgeError(f"max_tokens must be >= 1, got {o['max_tokens']}")
     if o.get("temperature") is not None and o["temperature"] < 0:

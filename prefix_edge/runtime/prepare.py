@@ -18,11 +18,13 @@ from .chat import ChatRenderer, check_messages
 from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
-from .text import TextStream
+from .constraint import Grammars
+from .text import TextStream, TokenBytes
 
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
-                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {}}
+                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {},
+                            "json_schema": None, "regex": None, "grammar": None}
 
 
 def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -64,6 +66,19 @@ class Requests:
         tok = Tokenizer.from_str(self.tokenizer.to_str())
         tok.encode_special_tokens = True
         return tok
+
+    @functools.cached_property
+    def token_bytes(self) -> TokenBytes:
+        return TokenBytes(self.tokenizer)
+
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        return Grammars(self.tokenizer, self.token_bytes, self._n_vocab, sorted(self.eos))
+
+    def _sampler(self, opts: dict) -> Sampler:
+        sampler = Sampler.from_options(opts)
+        sampler.constraint = self.grammars.constraint(opts)  # None unless asked for
+        return sampler
 
     @functools.cached_property
     def chat_renderer(self) -> ChatRenderer:
@@ -180,7 +195,7 @@ class Requests:
         if use_turns and self.turns.budget:
             snapshot = self._keeper(root, full, full_cuts,
                                     self.manifest.tasks[task].n_virtual if task is not None else 0)
-        return Request(task, key, prefix, ids, max_tokens, Sampler.from_options(opts),
+        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
                        logprobs=logprobs, turn_hit=turn_hit)
@@ -199,7 +214,7 @@ class Requests:
         opts = self.options(req.task, overrides)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
-        return Request(req.task, None, None, req.ids, req.max_tokens, Sampler.from_options(opts),
+        return Request(req.task, None, None, req.ids, req.max_tokens, self._sampler(opts),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
                        logprobs=req.logprobs, turn_hit=req.turn_hit)

@@ -28,6 +28,7 @@ class Sampler:
         self.logit_bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
         self.rng = np.random.default_rng(seed)
         self.counts: dict[int, int] = {}
+        self.constraint = None  # constraint.Constraint: masks what it does not allow
 
     @classmethod
     def from_options(cls, o: dict) -> "Sampler":
@@ -60,7 +61,12 @@ class Sampler:
         return x
 
     def __call__(self, logits: np.ndarray) -> int:
-        tok = self._choose(self.adjust(logits))
+        x = self.adjust(logits)
+        if self.constraint is not None:
+            x = self.constraint.mask(x)
+        tok = self._choose(x)
+        if self.constraint is not None:
+            self.constraint.consume(tok)
         self.counts[tok] = self.counts.get(tok, 0) + 1
         return tok
 

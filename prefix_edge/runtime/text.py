@@ -78,15 +78,34 @@ def _byte_decoder() -> dict[str, int]:
 _BYTES = _byte_decoder()
 
 
-def token_bytes(tok: Tokenizer, token_id: int) -> bytes:
-    """The bytes one token stands for (byte-level BPE, `<0xNN>` byte tokens, `▁` spaces), for
-    logprobs: a token may be part of a character."""
-    piece = tok.id_to_token(int(token_id)) or ""
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        try:
-            return bytes([int(piece[3:5], 16)])
-        except ValueError:
-            pass
-    if piece and all(ch in _BYTES for ch in piece):
-        return bytes(_BYTES[ch] for ch in piece)
-    return piece.replace("\u2581", " ").encode("utf-8")
+class TokenBytes:
+    """The bytes each token stands for, for logprobs and constrained decoding (a token may be
+    part of a character). Byte-level BPE vocabularies (a ByteLevel pre-tokenizer: GPT-2, Llama 3,
+    Qwen, SmolLM) spell bytes in GPT-2's alphabet; others (SentencePiece style) spell text with
+    `▁` for a space and `<0xNN>` byte tokens. Added tokens are their own text."""
+
+    def __init__(self, tok: Tokenizer):
+        import json
+
+        self.tok = tok
+        model = json.loads(tok.to_str())
+        self.byte_level = '"ByteLevel"' in json.dumps(model.get("pre_tokenizer"))
+        self.added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
+        self.special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+
+    def __call__(self, token_id: int) -> bytes:
+        token_id = int(token_id)
+        if token_id in self.added:
+            return self.added[token_id].encode("utf-8")
+        piece = self.tok.id_to_token(token_id) or ""
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        if self.byte_level and all(ch in _BYTES for ch in piece):
+            return bytes(_BYTES[ch] for ch in piece)
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def table(self, n_vocab: int) -> list[bytes]:
+        return [self(i) for i in range(n_vocab)]

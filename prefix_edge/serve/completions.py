@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from ..runtime.text import token_bytes
+from ..runtime.text import TokenBytes
 from .schema import ApiError, chat_messages, check_strings, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -71,6 +71,8 @@ def param_of(msg: str) -> str | None:
         return "messages"
     if msg.startswith("n must"):
         return "n"
+    if msg.startswith(("json_schema", "regex", "grammar", "constraint", "give one constraint")):
+        return "response_format"
     for name in ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs"):
         if msg.startswith(name) or f" {name} " in msg:
@@ -91,11 +93,11 @@ def usage(results: list) -> dict:
 class LogprobFormat:
     """Engine (id, logprob, alternatives) → OpenAI's logprobs entries."""
 
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
+    def __init__(self, token_bytes: TokenBytes):
+        self.bytes_of = token_bytes
 
     def entry(self, tid: int, lp: float) -> dict:
-        b = token_bytes(self.tok, tid)
+        b = self.bytes_of(tid)
         return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
 
     def chat(self, items: list) -> list:
@@ -180,7 +182,7 @@ class Completions:
     def __init__(self, rt, metrics, state, error):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
         self.tasks = rt.tasks
-        self.lp = LogprobFormat(rt.tokenizer)
+        self.lp = LogprobFormat(rt.token_bytes)
 
     def parse(self, raw: bytes, chat: bool) -> tuple:
         """In a worker thread: the body parsed and checked, and the request started. An

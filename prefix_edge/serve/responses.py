@@ -24,7 +24,7 @@ from fastapi import Request
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .completions import (DISCONNECTED, LogprobFormat, admit, read_body, sse, start, task_of,
                           watch_disconnect)
-from .schema import ApiError, completion_params
+from .schema import ApiError, completion_params, response_format
 
 MAX_STORED = 256
 # accepted fields beyond the sampling ones (values that change nothing here, or are checked below)
@@ -63,7 +63,7 @@ class Responses:
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
         self.tasks = rt.tasks
         self.stored: OrderedDict[str, tuple[dict, list]] = OrderedDict()  # id -> (response, messages)
-        self.lp = LogprobFormat(rt.tokenizer)
+        self.lp = LogprobFormat(rt.token_bytes)
 
     def get(self, response_id: str):
         got = self.stored.get(response_id)
@@ -85,9 +85,9 @@ class Responses:
             if body.get("tool_choice") not in (None, "none", "auto"):
                 raise ApiError(400, "`tool_choice` needs tools (not supported yet)", "tool_choice")
             tx = body.get("text") or {}
-            fmt = (tx.get("format") or {}) if isinstance(tx, dict) else None
-            if not isinstance(fmt, dict) or fmt.get("type", "text") != "text":
-                raise ApiError(400, "only text output (`text.format.type` \"text\") is supported", "text")
+            if not isinstance(tx, dict):
+                raise ApiError(400, "`text` must be an object", "text")
+            fmt = response_format(tx.get("format"), "text.format")
             history = []
             prev = body.get("previous_response_id")
             if prev is not None:
@@ -103,6 +103,7 @@ class Responses:
             if top is not None:
                 sampling.update(logprobs=True, top_logprobs=top)
             opts, _, _, _ = completion_params(sampling)
+            opts.update(fmt)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise ApiError(400, "`stream` must be true or false", "stream")
@@ -110,7 +111,8 @@ class Responses:
             handle = start(self.rt, task, None, messages, opts, 1, "input")[0]
             return seen["model"], handle, body, messages, stream, store
         except ApiError as e:
-            e.param = {"messages": "input", "max_tokens": "max_output_tokens"}.get(e.param, e.param)
+            e.param = {"messages": "input", "max_tokens": "max_output_tokens",
+                       "response_format": "text"}.get(e.param, e.param)
             e.model = seen["model"]
             raise
         except (RuntimeBusy, RuntimeClosed) as e:
@@ -142,7 +144,7 @@ class Responses:
                 "max_output_tokens": body.get("max_output_tokens"),
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": "auto",
-                "tools": [], "text": {"format": {"type": "text"}},
+                "tools": [], "text": (body.get("text") or {"format": {"type": "text"}}),
                 "previous_response_id": body.get("previous_response_id"),
                 "store": body.get("store", True), "metadata": body.get("metadata") or {},
                 "truncation": body.get("truncation", "disabled"), "reasoning": None,

@@ -86,10 +86,7 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
         key = next(k for k in ("echo", "suffix", "best_of") if body.get(k))
         raise ApiError(400, f"`{key}` is not supported by this server", key)
     logprobs = _logprobs(body, chat)
-    rf = body.get("response_format")
-    if rf is not None and (not isinstance(rf, dict) or rf.get("type") != "text"):
-        raise ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format")
-    opts: dict[str, Any] = {"logprobs": logprobs}
+    opts: dict[str, Any] = {"logprobs": logprobs, **response_format(body.get("response_format"))}
     mt = _int(body, "max_completion_tokens", 1, 1 << 20)
     mt2 = _int(body, "max_tokens", 1, 1 << 20)
     opts["max_tokens"] = mt if mt is not None else mt2
@@ -159,3 +156,32 @@ def chat_messages(body: dict) -> list:
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise ApiError(400, "`messages` must be a non-empty list of {role, content} objects", "messages")
     return msgs
+
+
+def response_format(rf, field: str = "response_format") -> dict[str, Any]:
+    """OpenAI's response_format (text, json_object, json_schema) and this server's extensions
+    (regex, grammar: a Lark grammar) → the runtime's constraint option."""
+    if rf is None:
+        return {}
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise ApiError(400, f"`{field}` must be an object with a `type`", field)
+    kind = rf["type"]
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": True}
+    if kind == "json_schema":
+        spec = rf.get("json_schema", rf)  # chat completions nest it; the Responses API does not
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            return {"json_schema": True}
+        if not isinstance(schema, dict):
+            raise ApiError(400, f"`{field}.json_schema.schema` must be a JSON schema object", field)
+        return {"json_schema": schema}
+    if kind in ("regex", "grammar"):
+        v = rf.get(kind)
+        if not isinstance(v, str) or not v:
+            raise ApiError(400, f"`{field}.{kind}` must be a non-empty string", field)
+        return {kind: v}
+    raise ApiError(400, f"`{field}.type` must be text, json_object, json_schema, regex or grammar, "
+                   f"got {kind!r}", field)
