@@ -254,9 +254,9 @@ def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
         if typ is None or value is None:
             continue
         if key == "json_schema":
-            if value is not True and not isinstance(value, dict):
-                raise PrefixEdgeError(f"json_schema must be a JSON schema (an object) or true (any "
-                                      f"JSON object), got {value!r}")
+            if not isinstance(value, (bool, dict)):
+                raise PrefixEdgeError(f"json_schema must be a JSON schema (an object), true (any JSON "
+                                      f"object) or false (none, over a task's), got {value!r}")
             continue
         if key in ("regex", "grammar"):
             if not isinstance(value, str) or not value:

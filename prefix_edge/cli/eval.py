@@ -37,6 +37,7 @@ def eval_(
     base: Optional[Path] = typer.Option(None, "--base", help="--reference: the model the bundle was exported from."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Score only the first N lines."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
+    no_constraint: bool = typer.Option(False, "--no-constraint", help="Decode without the task's json_schema/regex/grammar (to score what the constraint changes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (with every answer) instead of a table."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every answer that is not exact on stderr."),
 ) -> None:
@@ -85,7 +86,8 @@ def eval_(
     results = []
     with bars(not as_json and sys.stderr.isatty(), transient=True) as bar:
         for b in backends:
-            results.append(eval_bundle(root, task, b, rows, metric, threads, bar))
+            results.append(eval_bundle(root, task, b, rows, metric, threads, bar,
+                                       constrain=not no_constraint))
         if reference:
             from ..evaluation.reference import open_reference
             from ..evaluation.run import evaluate

@@ -44,6 +44,8 @@ def run(
     frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help="-2..2, 0 = off."),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
+    json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="A JSON schema file: the answer is one JSON value of it (constrained decoding)."),
+    regex: Optional[str] = typer.Option(None, "--regex", help="The answer matches this regex (constrained decoding)."),
     chat: bool = typer.Option(False, "--chat", help="An interactive conversation: each line you type is a turn (/new starts over, /exit or Ctrl-D ends)."),
     system: Optional[str] = typer.Option(None, "--system", help="--chat: a system message after the task's own."),
     save: Optional[Path] = typer.Option(None, "--save", help="--chat: keep the conversation in this file (written after every turn; resumed from it when it exists)."),
@@ -53,7 +55,8 @@ def run(
 
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                 min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache)
+                frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache,
+                json_schema=_schema(json_schema), regex=regex)
     if not chat:
         if task is None:
             raise PrefixEdgeError("--task is required (or --chat for a conversation)")
@@ -125,3 +128,14 @@ def _chat(rt, task: Optional[str], system: Optional[str], save: Optional[Path], 
         sys.stdout.flush()
         if save is not None:
             conv.save(save)
+
+
+def _schema(path: Optional[Path]):
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PrefixEdgeError(f"{path}: JSON schema file not found") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PrefixEdgeError(f"{path}: not a JSON file: {str(e).splitlines()[0]}") from None

@@ -68,7 +68,7 @@ def evaluate(label: str, generate: Callable[[str], Answer], data: list[Example],
 
 
 def eval_bundle(bundle: Path | None, task: str, backend: str, data: list[Example], metric: str,
-                threads: int | None = None, bar=None) -> Summary:
+                threads: int | None = None, bar=None, constrain: bool = True) -> Summary:
     from ..runtime.generate import Runtime
 
     with Runtime.open(bundle, backend=backend, threads=threads, slots=1) as rt:
@@ -76,7 +76,7 @@ def eval_bundle(bundle: Path | None, task: str, backend: str, data: list[Example
             raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: {', '.join(sorted(rt.tasks))}")
 
         def generate(text: str) -> Answer:
-            r = rt.generate(task, text)
+            r = rt.generate(task, text, use_constraint=constrain)
             st = r.stats
             dec_s = (st.generated_tokens - 1) / st.decode_tok_s if st.decode_tok_s > 0 else 0.0
             return Answer(r.text, st.ttft_ms, st.generated_tokens, dec_s)

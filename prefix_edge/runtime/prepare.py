@@ -33,7 +33,7 @@ def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = No
     return check_generation({**DEFAULTS, **defaults, **(overrides or {})})
 
 
-FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens")
+FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
@@ -75,9 +75,10 @@ class Requests:
     def grammars(self) -> Grammars:
         return Grammars(self.tokenizer, self.token_bytes, self._n_vocab, sorted(self.eos))
 
-    def _sampler(self, opts: dict) -> Sampler:
+    def _sampler(self, opts: dict, constrain: bool = True) -> Sampler:
         sampler = Sampler.from_options(opts)
-        sampler.constraint = self.grammars.constraint(opts)  # None unless asked for
+        if constrain:  # None unless a constraint is asked for (or a task's default)
+            sampler.constraint = self.grammars.constraint(opts)
         return sampler
 
     @functools.cached_property
@@ -153,6 +154,7 @@ class Requests:
             raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
                                   f"alternatives per token), got {logprobs!r}")
         opts = self.options(task, overrides)
+        constrain = self._flag(overrides, "use_constraint", True)
         cuts: tuple[int, ...] = ()
         if messages is None:
             if not isinstance(text, str):
@@ -195,7 +197,7 @@ class Requests:
         if use_turns and self.turns.budget:
             snapshot = self._keeper(root, full, full_cuts,
                                     self.manifest.tasks[task].n_virtual if task is not None else 0)
-        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts),
+        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
                        logprobs=logprobs, turn_hit=turn_hit)
@@ -214,7 +216,8 @@ class Requests:
         opts = self.options(req.task, overrides)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
-        return Request(req.task, None, None, req.ids, req.max_tokens, self._sampler(opts),
+        return Request(req.task, None, None, req.ids, req.max_tokens,
+                       self._sampler(opts, req.sampler.constraint is not None),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
                        logprobs=req.logprobs, turn_hit=req.turn_hit)
