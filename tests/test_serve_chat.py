@@ -9,6 +9,7 @@ import json
 import os
 
 import httpx
+import openai
 import pytest
 
 from prefix_edge import Runtime
@@ -195,3 +196,45 @@ def test_bad_conversations_are_400s(server, messages, param, code):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == code and "\n" not in err["message"]
+
+
+def test_structured_output_with_the_sdk(client, local, server):
+    """The openai SDK's `.parse` (chat completions and the Responses API) gets an object of its
+    pydantic model; json_object gives JSON; the same constrained request in process gives the
+    same text; a schema feature llguidance cannot do is a 400 naming response_format."""
+    from typing import Literal, Optional
+
+    from pydantic import BaseModel, Field
+
+    class Order(BaseModel):
+        name: Optional[str] = Field(max_length=8)
+        quantity: int = Field(ge=0, le=99)
+        size: Literal["S", "M", "L"]
+
+    msgs = [{"role": "user", "content": INPUTS[1]}]
+    r = client.chat.completions.parse(model="extract", messages=msgs, response_format=Order,
+                                      max_tokens=80, temperature=1.0, seed=3)
+    order = r.choices[0].message.parsed
+    assert isinstance(order, Order) and order.size in ("S", "M", "L")
+    schema = openai.lib._pydantic.to_strict_json_schema(Order)
+    ref = local.generate("extract", messages=msgs, json_schema=schema, max_tokens=80,
+                         temperature=1.0, seed=3)
+    assert r.choices[0].message.content == ref.text
+    rr = client.responses.parse(model="support", input=INPUTS[0], text_format=Order,
+                                max_output_tokens=80, temperature=1.0)
+    assert isinstance(rr.output_parsed, Order)
+    j = client.chat.completions.create(model="support", messages=msgs, max_tokens=80, temperature=1.0,
+                                       seed=1, response_format={"type": "json_object"})
+    if j.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(j.choices[0].message.content), dict)
+    else:  # cut by max_tokens: an unfinished object
+        assert j.choices[0].message.content.startswith("{")
+    bad = httpx.post(server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                     json={"model": "support", "messages": msgs, "response_format": {
+                         "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                             "type": "string", "format": "no-such-format"}}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
+    assert "no-such-format" in bad.json()["error"]["message"]
+    rx = client.chat.completions.create(model="support", messages=msgs, max_tokens=20,
+                                        extra_body={"response_format": {"type": "regex", "regex": "(yes|no)"}})
+    assert rx.choices[0].message.content in ("yes", "no")
