@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from ..tasks import check_text, fill_template
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' and responses' text parts
 BASE = None  # the task of a plain chat with the base model
 
@@ -61,19 +61,45 @@ def check_messages(messages) -> list[dict[str, str]]:
         if not isinstance(m, dict):
             raise PrefixEdgeError(f"{where} must be an object with 'role' and 'content'")
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise PrefixEdgeError(f"{where}: tool calls and tool results are not supported yet "
-                                  "(no tools on this server)")
+        if role == "function" or m.get("function_call"):
+            raise PrefixEdgeError(f"{where}: the legacy function role/function_call is not supported "
+                                  "(use tools and tool messages)")
         if role not in ROLES:
             raise PrefixEdgeError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
-        text = content_text(m.get("content"), where)
+        calls = m.get("tool_calls") if role == "assistant" else None
+        content = m.get("content")
+        text = "" if content is None and calls else content_text(content, where)
         check_text(text, f"{where}.content")
-        out.append({"role": "system" if role == "developer" else role, "content": text})
-    if out[-1]["role"] != "user":
-        raise PrefixEdgeError(f"messages[{len(out) - 1}]: the last message must be the user's "
-                              f"(got {out[-1]['role']!r}): the reply follows it")
-    if not any(m["content"].strip() for m in out if m["role"] == "user"):
+        msg = {"role": "system" if role == "developer" else role, "content": text}
+        if calls:
+            msg["tool_calls"] = _check_calls(calls, where)
+        if role == "tool":
+            for k in ("tool_call_id", "name"):
+                if isinstance(m.get(k), str):
+                    msg[k] = m[k]
+        out.append(msg)
+    if out[-1]["role"] not in ("user", "tool"):
+        raise PrefixEdgeError(f"messages[{len(out) - 1}]: the last message must be the user's or a "
+                              f"tool result (got {out[-1]['role']!r}): the reply follows it")
+    if not any(m["content"].strip() for m in out if m["role"] in ("user", "tool")):
         raise PrefixEdgeError("the input is empty: nothing to generate from")
+    return out
+
+
+def _check_calls(calls, where: str) -> list[dict]:
+    if not isinstance(calls, list) or not calls:
+        raise PrefixEdgeError(f"{where}.tool_calls must be a non-empty list")
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise PrefixEdgeError(f"{where}.tool_calls[{j}] must be {{id, type: function, function: "
+                                  "{name, arguments}}")
+        args = f.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise PrefixEdgeError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string")
+        out.append({"id": c.get("id") if isinstance(c.get("id"), str) else f"call_{j}", "type": "function",
+                    "function": {"name": f["name"], "arguments": args}})
     return out
 
 
@@ -93,12 +119,13 @@ class ChatRenderer:
         self.tok, self._text_tok = tokenizer, text_tokenizer  # text_tokenizer(): built on first need
         self.special_texts = special_texts
 
-    def render(self, messages: list[dict], gen: bool) -> str:
+    def render(self, messages: list[dict], gen: bool, tools: list | None = None) -> str:
         from ..chat_template import render_chat
 
-        return render_chat(self.template, messages, gen, self.special)
+        return render_chat(self.template, messages, gen, self.special, tools)
 
-    def prompt(self, task: str | None, info, messages: list[dict], room: int | None = None) -> ChatPrompt:
+    def prompt(self, task: str | None, info, messages: list[dict], room: int | None = None,
+               tools=None) -> ChatPrompt:
         """room: the tokens the input may take; a conversation beyond it fails before its turn
         boundaries are rendered (one render per earlier turn)."""
         if self.template is None:
@@ -114,10 +141,13 @@ class ChatRenderer:
                                   "and system messages")
         own = [dict(m) for m in info.chat_messages] if info is not None else []
         template = info.template if info is not None else "{input}"
+        from .tools import for_template, native
+
         msgs = [{**m, "content": fill_template(template, m["content"])} if m["role"] == "user" else m
                 for m in messages]
+        msgs, offered = for_template(msgs, tools, native(self.template))
         head = self.render(own, False) if own else ""
-        full = self.render(own + msgs, True)
+        full = self.render(own + msgs, True, offered)
         if not full.startswith(head):
             raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
                                   "conversation after the task's own messages")
@@ -130,7 +160,7 @@ class ChatRenderer:
         char_cuts = []
         for i in range(1, len(msgs)):
             if msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant":
-                s = self.render(own + msgs[:i], True)
+                s = self.render(own + msgs[:i], True, offered)
                 n = len(s) - len(head)
                 if s.startswith(head) and text.startswith(s[len(head):]) and 0 < n < len(text) \
                         and (not char_cuts or n > char_cuts[-1]):

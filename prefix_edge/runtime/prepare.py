@@ -40,7 +40,7 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 class Requests:
     # -- options ------------------------------------------------------------------------
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs"}
+        unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"}
         if unknown:
             raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items() if v is not None and k in DEFAULTS}
@@ -113,15 +113,17 @@ class Requests:
         ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
         return np.array(ids, np.int64)
 
-    def chat_input(self, task: str | None, messages: list) -> tuple[np.ndarray, tuple[int, ...], list]:
+    def chat_input(self, task: str | None, messages: list, tools=None) -> tuple[np.ndarray, tuple[int, ...], list]:
         """(ids after the task's prefix, turn cuts, the checked messages) of a conversation. One
-        user message to a task is its input, wrapped exactly as `text=` wraps it."""
+        user message to a task is its input, wrapped exactly as `text=` wraps it. tools: a
+        tools.ToolSpec offered to the model."""
         msgs = check_messages(messages)
-        if task is not None and len(msgs) == 1:
+        offered = tools is not None and tools.choice != "none"
+        if task is not None and len(msgs) == 1 and msgs[0]["role"] == "user" and not offered:
             return self.encode_input(task, msgs[0]["content"]), (), msgs
         info = self.manifest.tasks[task] if task is not None else None
         room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
-        p = self.chat_renderer.prompt(task, info, msgs, room)
+        p = self.chat_renderer.prompt(task, info, msgs, room, tools)
         return p.ids, p.cuts, msgs
 
     # -- the request --------------------------------------------------------------------
@@ -153,7 +155,14 @@ class Requests:
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
                                   f"alternatives per token), got {logprobs!r}")
+        from .tools import call_schema, check_tools
+
+        tools = check_tools(overrides.get("tools"), overrides.get("tool_choice"))
+        if tools is not None and messages is None:
+            raise PrefixEdgeError("tools go with messages (a conversation), not text")
         opts = self.options(task, overrides)
+        if tools is not None and tools.choice in ("required", "function"):  # a forced call
+            opts = {**opts, "json_schema": call_schema(tools), "regex": None, "grammar": None}
         constrain = self._flag(overrides, "use_constraint", True)
         cuts: tuple[int, ...] = ()
         if messages is None:
@@ -164,7 +173,7 @@ class Requests:
                 raise PrefixEdgeError("the input is empty: nothing to generate from")
             ids = self.encode_input(task, text, raw_special_tokens=raw)
         else:
-            ids, cuts, _ = self.chat_input(task, messages)
+            ids, cuts, _ = self.chat_input(task, messages, tools)
         P = self.manifest.tasks[task].prefix_tokens if task is not None else 0
         room = self.n_ctx - P - len(ids)
         if room < 1:
@@ -200,7 +209,7 @@ class Requests:
         return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
-                       logprobs=logprobs, turn_hit=turn_hit)
+                       logprobs=logprobs, turn_hit=turn_hit, tools=tools)
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
         """The engine-thread callback that keeps a turn's KV once its prompt is read."""
@@ -214,13 +223,17 @@ class Requests:
     def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
         opts = self.options(req.task, overrides)
+        if req.tools is not None and req.tools.choice in ("required", "function"):
+            from .tools import call_schema
+
+            opts = {**opts, "json_schema": call_schema(req.tools), "regex": None, "grammar": None}
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
         return Request(req.task, None, None, req.ids, req.max_tokens,
                        self._sampler(opts, req.sampler.constraint is not None),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
-                       logprobs=req.logprobs, turn_hit=req.turn_hit)
+                       logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools)
 
     def _result(self, r: Request, finish: str) -> Result:
         end = time.perf_counter()
@@ -236,4 +249,7 @@ class Requests:
             total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
             prefix_cached=r.prefix_cached, finish_reason=finish,
             cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
-        return Result("".join(r.chunks), list(r.tokens), stats, list(r.token_logprobs))
+        from .tools import read_call
+
+        text = "".join(r.chunks)
+        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools))

@@ -36,6 +36,7 @@ class Request:
     parent: "Request | None" = None               # a sibling's first choice
     logprobs: int | None = None  # record each token's log-probability and this many alternatives
     turn_hit: int = 0            # input tokens restored from the turn cache (not in `ids`)
+    tools: object = None         # tools.ToolSpec: the answer may be read as a tool call
     # engine-side state
     forked: bool = False
     seq: int = -1

@@ -35,6 +35,7 @@ class Result:
     tokens: list[int]
     stats: Stats
     logprobs: list | None = None  # logprobs=k: per token (id, logprob, [(id, logprob)] * k)
+    tool_calls: list | None = None  # tools offered and the answer is a call: OpenAI's tool_calls
 
 
 class Stream:
@@ -146,6 +147,11 @@ class AsyncStream:
     @property
     def logprobs(self) -> list:
         return self._s.logprobs
+
+    @property
+    def tools_offered(self) -> bool:
+        t = self._s._req.tools
+        return t is not None and t.choice != "none"
 
     @property
     def logprobs_on(self) -> bool:

@@ -73,6 +73,8 @@ def param_of(msg: str) -> str | None:
         return "n"
     if msg.startswith(("json_schema", "regex", "grammar", "constraint", "give one constraint")):
         return "response_format"
+    if msg.startswith(("tools", "tool_choice")):
+        return msg.split()[0].split("[")[0]
     for name in ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
                  "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs"):
         if msg.startswith(name) or f" {name} " in msg:
@@ -241,7 +243,11 @@ class Completions:
         for i, r in enumerate(results):
             choice: dict[str, Any] = {"index": i, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
             lp = r.logprobs if handles[i].logprobs_on else None
-            if chat:
+            if chat and r.tool_calls:
+                choice.update(finish_reason="tool_calls", message={
+                    "role": "assistant", "content": None, "refusal": None, "tool_calls": r.tool_calls})
+                choice["logprobs"] = None
+            elif chat:
                 choice["message"] = {"role": "assistant", "content": r.text, "refusal": None}
                 choice["logprobs"] = {"content": self.lp.chat(lp), "refusal": None} if lp is not None else None
             else:
@@ -280,6 +286,8 @@ class Completions:
             return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
 
         results = [None] * len(handles)
+        # tools offered: an answer that may be a call is held until it is clearly text, or ends
+        held = ["" if chat and h.tools_offered else None for h in handles]
         try:
             if chat:
                 yield frame([delta(i, None, None, role=True) for i in range(len(handles))])
@@ -289,9 +297,24 @@ class Completions:
                     yield failure(str(value), "server_error", None)
                     return
                 if what == "text":
+                    if held[i] is not None:
+                        held[i] += value
+                        head = held[i].lstrip()
+                        if not head or head.startswith(("{", "<")):
+                            continue
+                        value, held[i] = held[i], None
                     yield frame([delta(i, value, None)])
                     continue
                 results[i] = value
+                if value.tool_calls and value.stats.finish_reason != "shutdown":
+                    metrics.observe(model, value)
+                    calls = [{"index": k, **c} for k, c in enumerate(value.tool_calls)]
+                    yield frame([{"index": i, "delta": {"tool_calls": calls}, "logprobs": None,
+                                  "finish_reason": None}])
+                    yield frame([{"index": i, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
+                    continue
+                if held[i]:
+                    yield frame([delta(i, held[i], None)])
                 if value.stats.finish_reason == "shutdown":  # never a silent cut: the client sees why
                     metrics.count(model, 503)
                     yield failure("the server shut down before this answer finished", "server_error",

@@ -81,7 +81,8 @@ class Responses:
                 raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
             task = task_of(body, self.tasks, seen)
             if body.get("tools"):
-                raise ApiError(400, "`tools` are not supported by this server yet", "tools")
+                raise ApiError(400, "`tools` on /v1/responses are not supported yet (they are on "
+                               "/v1/chat/completions)", "tools")
             if body.get("tool_choice") not in (None, "none", "auto"):
                 raise ApiError(400, "`tool_choice` needs tools (not supported yet)", "tool_choice")
             tx = body.get("text") or {}

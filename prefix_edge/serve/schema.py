@@ -73,12 +73,9 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
     for key in ("audio", "prediction", "web_search_options"):
         if body.get(key) is not None:
             raise ApiError(400, f"`{key}` is not supported by this server", key)
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise ApiError(400, f"`{key}` is not supported by this server", key)
-    for key in ("tool_choice", "function_call"):
-        if body.get(key) not in (None, "none"):
-            raise ApiError(400, f"`{key}` is not supported by this server (no tools)", key)
+    if body.get("functions") or body.get("function_call") not in (None, "none"):
+        key = "functions" if body.get("functions") else "function_call"
+        raise ApiError(400, f"`{key}` (the legacy functions API) is not supported: use `tools`", key)
     mod = body.get("modalities")
     if mod is not None and mod != ["text"]:
         raise ApiError(400, "`modalities`: this server answers text only ([\"text\"])", "modalities")
@@ -86,7 +83,11 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
         key = next(k for k in ("echo", "suffix", "best_of") if body.get(k))
         raise ApiError(400, f"`{key}` is not supported by this server", key)
     logprobs = _logprobs(body, chat)
-    opts: dict[str, Any] = {"logprobs": logprobs, **response_format(body.get("response_format"))}
+    opts: dict[str, Any] = {"logprobs": logprobs, **response_format(body.get("response_format")),
+                            "tools": body.get("tools"), "tool_choice": body.get("tool_choice")}
+    ptc = body.get("parallel_tool_calls")
+    if ptc is not None and not isinstance(ptc, bool):
+        raise ApiError(400, "`parallel_tool_calls` must be true or false", "parallel_tool_calls")
     mt = _int(body, "max_completion_tokens", 1, 1 << 20)
     mt2 = _int(body, "max_tokens", 1, 1 << 20)
     opts["max_tokens"] = mt if mt is not None else mt2

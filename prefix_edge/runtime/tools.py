@@ -1,0 +1,154 @@
+"""Tool (function) calls: OpenAI's `tools` / `tool_choice`, tool results in the history, and
+the answer read back as a call.
+
+Where the model's chat template has a tool section (it uses `tools`: Qwen3, Llama 3.x, ...) the
+tools, assistant `tool_calls` and `tool` messages are rendered by it, as transformers renders
+them, and a call is read from the answer (`<tool_call>{...}</tool_call>` or a bare JSON object).
+Where it has none (SmolLM2's, ChatML's), a fixed system message lists the tools and asks for a
+call as one JSON object, `{"name": ..., "arguments": {...}}`; earlier calls are rendered as that
+JSON and tool results as user turns (`Tool result (name): ...`).
+
+tool_choice: "none" (the tools are not offered, nothing is read as a call), "auto" (the model
+chooses; an answer that is a well-formed call of an offered tool is one), "required" or a named
+function (the answer is constrained to a call: its JSON validates against the function's
+parameters). One call per answer: `parallel_tool_calls` is accepted, a model answers with one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..errors import PrefixEdgeError
+
+FALLBACK = ("You can call these functions:\n{tools}\n\nTo call one, answer with only a JSON object "
+            "and nothing else: {{\"name\": \"<function name>\", \"arguments\": {{<its arguments>}}}}. "
+            "{tail}")
+TAIL = {"auto": "Otherwise answer normally.", "required": "You must call one of them."}
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass
+class ToolSpec:
+    tools: list[dict]      # OpenAI's [{"type": "function", "function": {...}}], checked
+    choice: str            # "none" | "auto" | "required" | "function"
+    name: str | None = None  # the forced function
+
+    @property
+    def names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+
+def check_tools(tools, tool_choice) -> ToolSpec | None:
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none", "auto"):
+            raise PrefixEdgeError("tool_choice needs tools")
+        return None
+    if not isinstance(tools, list):
+        raise PrefixEdgeError("tools must be a list of {type: function, function: {name, parameters}}")
+    out = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _NAME.fullmatch(f["name"]):
+            raise PrefixEdgeError(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}} "
+                                  "with a name of letters, digits, _ . -")
+        params = f.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise PrefixEdgeError(f"tools[{i}].function.parameters must be a JSON schema object")
+        out.append(t)  # rendered as the client sent it (as transformers renders it)
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) != len(names):
+        raise PrefixEdgeError("tools: two functions have the same name")
+    choice = "auto" if tool_choice is None else tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type", "function") == "function" else None
+        if name not in names:
+            raise PrefixEdgeError(f"tool_choice names {name!r}, which is not in tools")
+        return ToolSpec(out, "function", name)
+    if choice not in ("none", "auto", "required"):
+        raise PrefixEdgeError(f"tool_choice must be none, auto, required or a function, got {choice!r}")
+    return ToolSpec(out, choice)
+
+
+def call_schema(spec: ToolSpec) -> dict:
+    """The JSON schema of a forced call."""
+    def one(t):
+        f = t["function"]
+        params = f.get("parameters", {"type": "object", "properties": {}})
+        return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
+                "required": ["name", "arguments"], "additionalProperties": False}
+    tools = [t for t in spec.tools if spec.choice != "function" or t["function"]["name"] == spec.name]
+    return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
+
+
+def native(template: str | None) -> bool:
+    """Whether a chat template renders tools itself."""
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
+def for_template(messages: list[dict], spec: ToolSpec | None, is_native: bool) -> tuple[list[dict], list | None]:
+    """(messages, tools) to render: a native template gets HF's shapes; any other gets the
+    fallback system message, earlier calls as JSON text and tool results as user turns."""
+    offered = spec is not None and spec.choice != "none"
+    out = []
+    if offered and not is_native:
+        listing = json.dumps([t["function"] for t in spec.tools], ensure_ascii=False)
+        out.append({"role": "system", "content": FALLBACK.format(tools=listing, tail=TAIL.get(spec.choice, TAIL["required"]))})
+    for m in messages:
+        calls = m.get("tool_calls")
+        if is_native:
+            if calls:
+                m = {**m, "tool_calls": [{"type": "function", "id": c.get("id"), "function": {
+                    "name": c["function"]["name"], "arguments": c["function"]["arguments"]}} for c in calls]}
+            out.append(m)
+            continue
+        if m["role"] == "assistant" and calls:
+            text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": _args(c["function"]["arguments"])},
+                                        ensure_ascii=False) for c in calls)
+            out.append({"role": "assistant", "content": ((m.get("content") or "") + "\n" + text).strip()})
+        elif m["role"] == "tool":
+            who = m.get("name") or m.get("tool_call_id") or "tool"
+            out.append({"role": "user", "content": f"Tool result ({who}): {m['content']}"})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out, (spec.tools if offered and is_native else None)
+
+
+def _args(a):
+    """A call's arguments as an object (OpenAI sends them as a JSON string)."""
+    if isinstance(a, str):
+        try:
+            return json.loads(a)
+        except ValueError:
+            return a
+    return a
+
+
+def read_call(text: str, spec: ToolSpec | None) -> list[dict] | None:
+    """The answer as OpenAI tool_calls, if it is a call of an offered tool."""
+    if spec is None or spec.choice == "none":
+        return None
+    s = text.strip()
+    m = re.fullmatch(r"<tool_call>\s*(.*?)\s*</tool_call>", s, re.S)
+    if m:
+        s = m.group(1)
+    if not s.startswith("{"):
+        return None
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in spec.names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}]
