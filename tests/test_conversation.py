@@ -107,7 +107,7 @@ def test_special_token_text_stays_text(bundle_int4):
 
 
 @pytest.mark.parametrize("msgs, needle", [
-    ([{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}], "messages[0]"),
+    ([{"role": "function", "content": "x"}, {"role": "user", "content": "y"}], "messages[0]"),
     ([{"role": "user", "content": "y"}, {"role": "assistant", "content": "z"}], "last message"),
     ([{"role": "robot", "content": "x"}], "messages[0].role"),
     ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0]"),

@@ -122,7 +122,7 @@ def _post(base, path, body, key=KEY, raw=None):
     ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model"),
     ({"model": "support", "messages": []}, 400, "messages"),
     ({"model": "raw", "messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
-    ({"model": "support", "messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
+    ({"model": "support", "messages": [{"role": "function", "content": "x"}, {"role": "user", "content": "hi"}]}, 400, "messages"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}, 400, "messages"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "n": 9}, 400, "n"),
     ({"model": "support", "messages": [{"role": "user", "content": "hi"}], "temperature": "0.7"}, 400, "temperature"),
