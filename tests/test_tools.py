@@ -147,3 +147,24 @@ def test_server_tool_calls(client, server):
     legacy = httpx.post(server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                         json={"model": "base", "messages": msgs[:1], "functions": [{"name": "f"}]})
     assert legacy.status_code == 400 and legacy.json()["error"]["param"] == "functions"
+
+
+def test_responses_api_function_tools(client):
+    """/v1/responses: flat function tools, a forced call as a function_call item (streamed with
+    its argument events), and function_call / function_call_output items as the history."""
+    tools = [{"type": "function", **SMALL[0]["function"]}]
+    r = client.responses.create(model="base", input="order some", tools=tools, tool_choice="required",
+                                max_output_tokens=80, temperature=1.0)
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "order"
+    jsonschema.validate(json.loads(call.arguments), ORDER["function"]["parameters"])
+    kinds = [ev.type for ev in client.responses.create(
+        model="base", input="order some", tools=tools, tool_choice={"type": "function", "name": "order"},
+        max_output_tokens=80, temperature=1.0, stream=True)]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.done" in kinds
+    follow = client.responses.create(model="base", tools=tools, max_output_tokens=8, input=[
+        {"role": "user", "content": "order some"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "ordered"}])
+    assert follow.status in ("completed", "incomplete") and follow.output

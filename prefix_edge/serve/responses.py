@@ -6,8 +6,11 @@ the openai SDK, its agents and LangChain's Responses path send.
 message before them; `previous_response_id` continues a stored response (its input and output
 come first; responses are kept in memory, the last MAX_STORED, unless `store: false`).
 Streaming sends the typed events (response.created ... response.output_text.delta ...
-response.completed), each with its sequence_number. Tool items are refused with a 400 naming
-`input` (tools: not yet).
+response.completed), each with its sequence_number. Function tools (`tools`, `tool_choice`)
+work as on chat completions (runtime/tools.py): a call is a `function_call` output item (with
+`response.function_call_arguments.*` events when streamed; with tools offered the answer comes
+at its end, call or message), and `function_call` / `function_call_output` input items are the
+history.
 """
 
 from __future__ import annotations
@@ -51,11 +54,42 @@ def _messages(body: dict, history: list) -> list:
         if not isinstance(item, dict):
             raise ApiError(400, f"`input[{i}]` must be an object", "input")
         kind = item.get("type", "message")
-        if kind != "message":
-            raise ApiError(400, f"`input[{i}]`: items of type {kind!r} are not supported (message "
-                           "items only: no tools yet)", "input")
-        msgs.append({"role": item.get("role"), "content": item.get("content")})
+        if kind == "function_call":  # an earlier call: an assistant turn with tool_calls
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            if msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("tool_calls"):
+                msgs[-1]["tool_calls"].append(call)
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out = item.get("output")
+            msgs.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                         "content": out if isinstance(out, (str, list)) else json.dumps(out)})
+        elif kind == "message":
+            msgs.append({"role": item.get("role"), "content": item.get("content")})
+        else:
+            raise ApiError(400, f"`input[{i}]`: items of type {kind!r} are not supported (message, "
+                           "function_call and function_call_output)", "input")
     return msgs
+
+
+def _tools(body: dict) -> dict:
+    """The Responses API's flat function tools → chat completions' {type, function} shape."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        return {"tools": None, "tool_choice": None if choice in (None, "auto", "none") else choice}
+    if not isinstance(tools, list):
+        raise ApiError(400, "`tools` must be a list of function tools", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise ApiError(400, f"`tools[{i}]`: only function tools are supported, got {kind!r}", "tools")
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
+                                                     if k in t}})
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return {"tools": out, "tool_choice": choice}
 
 
 class Responses:
@@ -80,11 +114,7 @@ class Responses:
             if unknown:
                 raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
             task = task_of(body, self.tasks, seen)
-            if body.get("tools"):
-                raise ApiError(400, "`tools` on /v1/responses are not supported yet (they are on "
-                               "/v1/chat/completions)", "tools")
-            if body.get("tool_choice") not in (None, "none", "auto"):
-                raise ApiError(400, "`tool_choice` needs tools (not supported yet)", "tool_choice")
+            tools = _tools(body)
             tx = body.get("text") or {}
             if not isinstance(tx, dict):
                 raise ApiError(400, "`text` must be an object", "text")
@@ -104,7 +134,7 @@ class Responses:
             if top is not None:
                 sampling.update(logprobs=True, top_logprobs=top)
             opts, _, _, _ = completion_params(sampling)
-            opts.update(fmt)
+            opts.update(fmt, **tools)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise ApiError(400, "`stream` must be true or false", "stream")
@@ -123,7 +153,11 @@ class Responses:
     def _response(self, rid: str, mid: str, model: str, body: dict, status: str, text: str | None,
                   result=None) -> dict:
         out = []
-        if text is not None:
+        if result is not None and result.tool_calls:
+            out = [{"type": "function_call", "id": "fc_" + c["id"][5:], "call_id": c["id"], "status": "completed",
+                    "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                   for c in result.tool_calls]
+        elif text is not None:
             part = {"type": "output_text", "text": text, "annotations": []}
             if result is not None and result.logprobs is not None:
                 part["logprobs"] = self.lp.chat(result.logprobs)
@@ -144,18 +178,20 @@ class Responses:
                 "incomplete_details": incomplete, "instructions": body.get("instructions"),
                 "max_output_tokens": body.get("max_output_tokens"),
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": "auto",
-                "tools": [], "text": (body.get("text") or {"format": {"type": "text"}}),
+                "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [], "text": (body.get("text") or {"format": {"type": "text"}}),
                 "previous_response_id": body.get("previous_response_id"),
                 "store": body.get("store", True), "metadata": body.get("metadata") or {},
                 "truncation": body.get("truncation", "disabled"), "reasoning": None,
                 "user": body.get("user")}
 
-    def _keep(self, rid: str, resp: dict, messages: list, text: str, store: bool) -> None:
+    def _keep(self, rid: str, resp: dict, messages: list, text: str, store: bool, calls=None) -> None:
         if resp["instructions"] is not None:
             messages = messages[1:]
         if store:
-            self.stored[rid] = (resp, messages + [{"role": "assistant", "content": text}])
+            reply = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
+                {"role": "assistant", "content": text}
+            self.stored[rid] = (resp, messages + [reply])
             while len(self.stored) > MAX_STORED:
                 self.stored.popitem(last=False)
 
@@ -187,7 +223,7 @@ class Responses:
                          r.stats.finish_reason)
         metrics.observe(model, r)
         resp = self._response(rid, mid, model, body, "completed", r.text, r)
-        self._keep(rid, resp, messages, r.text, store)
+        self._keep(rid, resp, messages, r.text, store, r.tool_calls)
         return resp
 
     async def _events(self, h, rid, mid, model, body, messages, store):
@@ -205,18 +241,43 @@ class Responses:
             start_resp = self._response(rid, mid, model, body, "in_progress", None)
             yield event("response.created", response=start_resp)
             yield event("response.in_progress", response=start_resp)
+            if h.tools_offered:  # a call or a message: known at the end (the answer comes whole)
+                async for chunk in h:
+                    parts.append(chunk)
+                source = [("".join(parts), [])] if parts else []
+            else:
+                source = None
+            r = h.result
+            if r is not None and r.tool_calls:
+                resp = self._response(rid, mid, model, body, "completed", None, r)
+                for k, item in enumerate(resp["output"]):
+                    yield event("response.output_item.added", output_index=k,
+                                item={**item, "arguments": "", "status": "in_progress"})
+                    yield event("response.function_call_arguments.delta", item_id=item["id"],
+                                output_index=k, delta=item["arguments"])
+                    yield event("response.function_call_arguments.done", item_id=item["id"],
+                                output_index=k, arguments=item["arguments"])
+                    yield event("response.output_item.done", output_index=k, item=item)
+                self.metrics.observe(model, r)
+                self._keep(rid, resp, messages, "", store, r.tool_calls)
+                yield event("response.completed", response=resp)
+                return
             yield event("response.output_item.added", output_index=0, item={
                 "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
             yield event("response.content_part.added", **where,
                         part={"type": "output_text", "text": "", "annotations": []})
-            async for chunk in h:
-                parts.append(chunk)
-                lp = []
-                if h.logprobs_on:
-                    items = h.logprobs[sent:]
-                    sent += len(items)
-                    lp = self.lp.chat(items)
-                yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
+            if source is None:
+                async for chunk in h:
+                    parts.append(chunk)
+                    lp = []
+                    if h.logprobs_on:
+                        items = h.logprobs[sent:]
+                        sent += len(items)
+                        lp = self.lp.chat(items)
+                    yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
+            else:
+                for chunk, lp in source:
+                    yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
             r = h.result
             text = "".join(parts)
             if r.stats.finish_reason == "shutdown":
