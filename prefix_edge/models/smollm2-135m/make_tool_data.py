@@ -1,4 +1,4 @@
-"""Write train and held-out data for the demo tool-use tasks (`tool_call`, `tool_call_tuned`):
+"""Write train and held-out data for the demo tool-use task `tool_call` (and a trained twin):
 a request → one function call as JSON, `{"name": ..., "arguments": {...}}`.
 
     python prefix_edge/models/smollm2-135m/make_tool_data.py   # rewrites data/tool_call.{train,heldout}.jsonl
