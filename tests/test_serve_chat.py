@@ -126,7 +126,7 @@ def test_responses_api(client, local, server):
                           "response.output_item.done",
                           "response.incomplete" if ref3.stats.finish_reason == "length" else "response.completed"]
     bad = httpx.post(server + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
-                     json={"model": "support", "input": [{"type": "function_call_output", "output": "1"}]})
+                     json={"model": "support", "input": [{"type": "computer_call", "action": {}}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
     missing = httpx.post(server + "/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
                          json={"model": "support", "input": "x", "previous_response_id": "resp_nope"})
