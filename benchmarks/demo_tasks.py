@@ -1,5 +1,5 @@
 """Score every demo task of a bundle on its embedded held-out set with `prefix-edge eval`, on
-every backend (and the fp32 reference with --reference), and print the README's table.
+every backend (and the fp32 reference with --reference), and print the table in docs/tasks.md.
 
     python benchmarks/demo_tasks.py [--bundle DIR] [--threads N] [--reference] [--json docs/demo-tasks.json]
 
