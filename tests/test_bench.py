@@ -50,7 +50,7 @@ def test_bench_concurrency_report(bundle_int4, tmp_path):
         r = rep[b]
         assert r["throughput"]["8"]["tokens"] == 8 * r["throughput"]["1"]["tokens"] > 0
         assert set(r["ttft_8_in_flight_ms"]) == {"p50", "p99"}
-        assert r["cancel_ms"]["mid_decode_median"] >= 0
+        assert 0 < r["cancel_ms"]["mid_decode_median"] < 10_000  # measured, and a cancel lands
     if "gguf" in rep:
         mem = rep["gguf_shared_kv"]["memory"]
         snap = mem["snapshots"]["8"]

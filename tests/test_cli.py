@@ -215,7 +215,8 @@ def test_kill_9_export_never_leaves_a_half_bundle(tiny_model, tasks_file, tmp_pa
         created.add(m.extra["created"])
         for backend in ("onnx", "gguf"):
             with Runtime.open(out, backend=backend) as rt:
-                assert rt.generate("raw", "x", max_tokens=2).stats.generated_tokens >= 0
+                ban = {e: -100 for e in rt.manifest.model.eos_token_ids}  # exactly max_tokens
+                assert rt.generate("raw", "x", max_tokens=2, logit_bias=ban).stats.generated_tokens == 2
     assert subprocess.run(args, capture_output=True).returncode == 0
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".bundle.")]
     assert left == [], left
