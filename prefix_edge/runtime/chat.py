@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from ..tasks import check_text, fill_template
+from .tools import for_template, native
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' and responses' text parts
@@ -141,8 +142,6 @@ class ChatRenderer:
                                   "and system messages")
         own = [dict(m) for m in info.chat_messages] if info is not None else []
         template = info.template if info is not None else "{input}"
-        from .tools import for_template, native
-
         msgs = [{**m, "content": fill_template(template, m["content"])} if m["role"] == "user" else m
                 for m in messages]
         msgs, offered = for_template(msgs, tools, native(self.template))

@@ -59,7 +59,7 @@ class Conversation:
         msgs = self.messages + [{"role": "user", "content": text}]
         s = self.rt.stream(self.task, messages=msgs, **{**self.defaults, **overrides})
         self._busy = True
-        self._last = self._prompt_key(msgs)
+        self._last = s._req.turn  # the key its KV is kept under (rendered once, by the request)
 
         def ended(result) -> None:
             self._busy = False

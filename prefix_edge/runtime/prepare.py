@@ -20,6 +20,7 @@ from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .text import TextStream, TokenBytes
+from .tools import ToolSpec, call_schema, check_tools, read_call
 
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
@@ -155,14 +156,10 @@ class Requests:
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
                                   f"alternatives per token), got {logprobs!r}")
-        from .tools import call_schema, check_tools
-
         tools = check_tools(overrides.get("tools"), overrides.get("tool_choice"))
         if tools is not None and messages is None:
             raise PrefixEdgeError("tools go with messages (a conversation), not text")
-        opts = self.options(task, overrides)
-        if tools is not None and tools.choice in ("required", "function"):  # a forced call
-            opts = {**opts, "json_schema": call_schema(tools), "regex": None, "grammar": None}
+        opts = _forced_call(self.options(task, overrides), tools)
         constrain = self._flag(overrides, "use_constraint", True)
         cuts: tuple[int, ...] = ()
         if messages is None:
@@ -209,7 +206,8 @@ class Requests:
         return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
-                       logprobs=logprobs, turn_hit=turn_hit, tools=tools)
+                       logprobs=logprobs, turn_hit=turn_hit, tools=tools,
+                       turn=(root, full, full_cuts) if messages is not None else None)
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
         """The engine-thread callback that keeps a turn's KV once its prompt is read."""
@@ -222,11 +220,7 @@ class Requests:
 
     def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
-        opts = self.options(req.task, overrides)
-        if req.tools is not None and req.tools.choice in ("required", "function"):
-            from .tools import call_schema
-
-            opts = {**opts, "json_schema": call_schema(req.tools), "regex": None, "grammar": None}
+        opts = _forced_call(self.options(req.task, overrides), req.tools)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
         return Request(req.task, None, None, req.ids, req.max_tokens,
@@ -249,7 +243,13 @@ class Requests:
             total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
             prefix_cached=r.prefix_cached, finish_reason=finish,
             cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
-        from .tools import read_call
-
         text = "".join(r.chunks)
         return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools))
+
+
+def _forced_call(opts: dict, tools: ToolSpec | None) -> dict:
+    """A forced tool call (tool_choice required or a function) is constrained to the call's schema,
+    over any constraint of the task's."""
+    if tools is None or tools.choice not in ("required", "function"):
+        return opts
+    return {**opts, "json_schema": call_schema(tools), "regex": None, "grammar": None}

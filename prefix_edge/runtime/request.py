@@ -37,6 +37,7 @@ class Request:
     logprobs: int | None = None  # record each token's log-probability and this many alternatives
     turn_hit: int = 0            # input tokens restored from the turn cache (not in `ids`)
     tools: object = None         # tools.ToolSpec: the answer may be read as a tool call
+    turn: tuple | None = None    # a conversation's (root, input ids, cuts): its turn-cache key
     # engine-side state
     forked: bool = False
     seq: int = -1

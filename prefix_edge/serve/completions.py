@@ -20,7 +20,6 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from ..runtime.text import TokenBytes
 from .schema import ApiError, chat_messages, check_strings, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -95,11 +94,11 @@ def usage(results: list) -> dict:
 class LogprobFormat:
     """Engine (id, logprob, alternatives) → OpenAI's logprobs entries."""
 
-    def __init__(self, token_bytes: TokenBytes):
-        self.bytes_of = token_bytes
+    def __init__(self, rt):
+        self.rt = rt  # rt.token_bytes is built on the first logprobs request, not at start
 
     def entry(self, tid: int, lp: float) -> dict:
-        b = self.bytes_of(tid)
+        b = self.rt.token_bytes(tid)
         return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
 
     def chat(self, items: list) -> list:
@@ -184,7 +183,7 @@ class Completions:
     def __init__(self, rt, metrics, state, error):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
         self.tasks = rt.tasks
-        self.lp = LogprobFormat(rt.token_bytes)
+        self.lp = LogprobFormat(rt)
 
     def parse(self, raw: bytes, chat: bool) -> tuple:
         """In a worker thread: the body parsed and checked, and the request started. An

@@ -97,7 +97,7 @@ class Responses:
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
         self.tasks = rt.tasks
         self.stored: OrderedDict[str, tuple[dict, list]] = OrderedDict()  # id -> (response, messages)
-        self.lp = LogprobFormat(rt.token_bytes)
+        self.lp = LogprobFormat(rt)
 
     def get(self, response_id: str):
         got = self.stored.get(response_id)
