@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
-from prefix_edge.runtime.tools import ToolSpec, check_tools, for_template, read_call
+from prefix_edge.runtime.tools import HEAD, CallWriter, ToolSpec, check_tools, constraint_options, for_template, guide, read_call
 
 from .conftest import INPUTS
-from .test_serve import KEY, client, server  # noqa: F401  (the same server fixtures)
+from .test_serve import KEY, client, local, server  # noqa: F401  (the same server fixtures)
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -114,7 +114,7 @@ def test_bad_tools(bundle_int4, kw, needle):
         assert needle in str(e.value)
 
 
-def test_server_tool_calls(client, server):
+def test_server_tool_calls(client, server, local):
     msgs = [{"role": "user", "content": INPUTS[0]}]
     r = client.chat.completions.create(model="base", messages=msgs, tools=SMALL, tool_choice="required",
                                        max_tokens=80, temperature=1.0, seed=2)
@@ -139,7 +139,10 @@ def test_server_tool_calls(client, server):
     msgs += [c.message.model_dump(exclude_none=True),
              {"role": "tool", "tool_call_id": call.id, "content": "done"}]
     r2 = client.chat.completions.create(model="base", messages=msgs, tools=SMALL, max_tokens=8)
-    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    ref = local.generate(None, messages=msgs, tools=SMALL, max_tokens=8)
+    assert r2.choices[0].message.content == (None if ref.tool_calls else ref.text)
+    assert r2.choices[0].finish_reason == ("tool_calls" if ref.tool_calls else "length" if
+                                           ref.stats.finish_reason == "length" else "stop")
     bad = httpx.post(server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                      json={"model": "base", "messages": msgs[:1], "tools": SMALL,
                            "tool_choice": {"type": "function", "function": {"name": "nope"}}})
@@ -149,7 +152,7 @@ def test_server_tool_calls(client, server):
     assert legacy.status_code == 400 and legacy.json()["error"]["param"] == "functions"
 
 
-def test_responses_api_function_tools(client):
+def test_responses_api_function_tools(client, local):
     """/v1/responses: flat function tools, a forced call as a function_call item (streamed with
     its argument events), and function_call / function_call_output items as the history."""
     tools = [{"type": "function", **SMALL[0]["function"]}]
@@ -167,4 +170,106 @@ def test_responses_api_function_tools(client):
         {"role": "user", "content": "order some"},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "ordered"}])
-    assert follow.status in ("completed", "incomplete") and follow.output
+    ref = local.generate(None, tools=SMALL[:1], max_tokens=8, messages=[
+        {"role": "user", "content": "order some"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.call_id, "type": "function", "function": {
+            "name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "ordered"}])
+    assert follow.status == ("incomplete" if ref.stats.finish_reason == "length" else "completed")
+    assert follow.output[0].status == follow.status  # the item is as complete as its response
+    assert (follow.output_text if not ref.tool_calls else follow.output[0].arguments) == \
+        (ref.text if not ref.tool_calls else ref.tool_calls[0]["function"]["arguments"])
+
+
+STRICT = [{"type": "function", "function": {**ORDER["function"], "strict": True}}]
+
+
+def test_strict_tools_in_auto_constrain_the_call(local):
+    """tool_choice auto, a strict tool, the fallback prompt: the answer is text that does not
+    start with '{', or a call whose arguments validate (llguidance's matcher on the grammar)."""
+    import llguidance
+
+    spec = guide(check_tools(STRICT, "auto"), False)
+    assert spec.guided and not guide(check_tools(SMALL, "auto"), False).guided
+    assert not guide(check_tools(STRICT, "auto"), True).guided  # a native template's own syntax
+    g = local.grammars.grammar("grammar", constraint_options({}, spec)["grammar"])
+
+    def accepts(text: str) -> bool:
+        m = llguidance.LLMatcher(local.grammars._tokenizer(), g, log_level=0)
+        ids = local.tokenizer.encode(text, add_special_tokens=False).ids
+        return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+
+    assert accepts('{"name": "order", "arguments": {"qty": 3}}') and accepts("Sure, three.") and accepts("")
+    assert not accepts('{"name": "order", "arguments": {"qty": 30}}')  # maximum 9
+    assert not accepts('{"name": "nope", "arguments": {}}') and not accepts('{"qty": 3}')
+    for seed in range(4):  # sampled answers: each one text or a valid call
+        r = local.generate(None, messages=[{"role": "user", "content": INPUTS[seed % 3]}], tools=STRICT,
+                           temperature=1.5, seed=seed, max_tokens=60)
+        if r.text.lstrip().startswith("{") and r.stats.finish_reason == "eos":
+            assert r.tool_calls, r.text
+            jsonschema.validate(json.loads(r.tool_calls[0]["function"]["arguments"]), ORDER["function"]["parameters"])
+
+
+FORCE = {"type": "function", "function": {"name": "order"}}
+
+
+def _forced(local, max_tokens=80):
+    return local.generate(None, messages=[{"role": "user", "content": INPUTS[0]}], tools=SMALL,
+                          tool_choice=FORCE, max_tokens=max_tokens)
+
+
+def test_forced_call_cut_by_max_tokens_is_a_partial_call(client, local):
+    """A call cut by max_tokens: a call (the arguments written so far), finish reason length,
+    in process, through the server and streamed; the same call streamed whole sends its id
+    and name first, then the arguments in fragments that join to the non-streamed ones."""
+    full = _forced(local)
+    assert full.stats.finish_reason == "eos" and full.tool_calls
+    n = len(full.tokens) - 3
+    cut = _forced(local, n)
+    assert cut.stats.finish_reason == "length" and full.text.startswith(cut.text)
+    head = HEAD.match(cut.text)
+    assert head and cut.tool_calls[0]["function"] == {"name": "order", "arguments": cut.text[head.end():]}
+    msgs = [{"role": "user", "content": INPUTS[0]}]
+    for max_tokens, ref in ((80, full), (n, cut)):
+        r = client.chat.completions.create(model="base", messages=msgs, tools=SMALL, tool_choice=FORCE,
+                                           max_tokens=max_tokens)
+        c = r.choices[0]
+        assert c.finish_reason == ("tool_calls" if ref is full else "length")
+        assert c.message.tool_calls[0].function.arguments == ref.tool_calls[0]["function"]["arguments"]
+        deltas, finish = [], None
+        for chunk in client.chat.completions.create(model="base", messages=msgs, tools=SMALL, stream=True,
+                                                    tool_choice=FORCE, max_tokens=max_tokens):
+            for ch in chunk.choices:
+                deltas += ch.delta.tool_calls or []
+                assert not ch.delta.content
+                finish = ch.finish_reason or finish
+        assert finish == c.finish_reason and deltas[0].id and deltas[0].function.name == "order"
+        assert len(deltas) > 2 and all(d.function.name is None for d in deltas[1:])
+        assert "".join(d.function.arguments or "" for d in deltas) == ref.tool_calls[0]["function"]["arguments"]
+
+
+def test_responses_streams_a_forced_call_and_marks_a_cut_one_incomplete(client, local):
+    tools = [{"type": "function", **SMALL[0]["function"]}]
+    full = _forced(local)
+    events = list(client.responses.create(model="base", input=INPUTS[0], tools=tools, stream=True,
+                                          tool_choice={"type": "function", "name": "order"}, max_output_tokens=80))
+    parts = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"][0]
+    assert len(parts) > 2 and "".join(parts) == done.arguments == full.tool_calls[0]["function"]["arguments"]
+    assert events[-1].type == "response.completed" and events[-1].response.output[0].status == "completed"
+    r = client.responses.create(model="support", input=INPUTS[1], max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == "incomplete"
+
+
+def test_call_writer_joins_to_the_call_at_any_chunking():
+    text = '{"name": "order", "arguments": {"a": {"b": "x}"}, "c": [1, 2]}}'
+    spec = check_tools(SMALL, "required")
+    for step in (1, 2, 5, len(text)):
+        w = CallWriter()
+        out = [d for i in range(0, len(text), step) for d in w.feed(text[i:i + step])] + w.end()
+        assert out[0]["function"] == {"name": "order", "arguments": ""} and out[0]["id"] == w.id
+        assert "".join(d["function"]["arguments"] for d in out) == read_call(text, spec)[0]["function"]["arguments"]
+    w = CallWriter()
+    cut = w.feed(text[:40]) + w.end()  # cut short: everything written is the arguments
+    assert "".join(d["function"]["arguments"] for d in cut) == text[len('{"name": "order", "arguments": '):40]

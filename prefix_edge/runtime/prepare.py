@@ -20,7 +20,7 @@ from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .text import TextStream, TokenBytes
-from .tools import ToolSpec, call_schema, check_tools, read_call
+from .tools import check_tools, constraint_options, guide, native, read_call
 
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
@@ -159,7 +159,8 @@ class Requests:
         tools = check_tools(overrides.get("tools"), overrides.get("tool_choice"))
         if tools is not None and messages is None:
             raise PrefixEdgeError("tools go with messages (a conversation), not text")
-        opts = _forced_call(self.options(task, overrides), tools)
+        tools = guide(tools, native(self.chat_renderer.template))
+        opts = constraint_options(self.options(task, overrides), tools)
         constrain = self._flag(overrides, "use_constraint", True)
         cuts: tuple[int, ...] = ()
         if messages is None:
@@ -220,7 +221,7 @@ class Requests:
 
     def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
-        opts = _forced_call(self.options(req.task, overrides), req.tools)
+        opts = constraint_options(self.options(req.task, overrides), req.tools)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
         return Request(req.task, None, None, req.ids, req.max_tokens,
@@ -244,12 +245,5 @@ class Requests:
             prefix_cached=r.prefix_cached, finish_reason=finish,
             cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
         text = "".join(r.chunks)
-        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools))
+        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools, finish in ("eos", "stop")))
 
-
-def _forced_call(opts: dict, tools: ToolSpec | None) -> dict:
-    """A forced tool call (tool_choice required or a function) is constrained to the call's schema,
-    over any constraint of the task's."""
-    if tools is None or tools.choice not in ("required", "function"):
-        return opts
-    return {**opts, "json_schema": call_schema(tools), "regex": None, "grammar": None}

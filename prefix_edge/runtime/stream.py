@@ -154,6 +154,13 @@ class AsyncStream:
         return t is not None and t.choice != "none"
 
     @property
+    def tools_guided(self) -> bool:
+        """The answer is constrained to text-or-call or to a call (tools.guide): a call is
+        streamed as it is written."""
+        t = self._s._req.tools
+        return t is not None and t.guided
+
+    @property
     def logprobs_on(self) -> bool:
         return self._s._req.logprobs is not None
 

@@ -11,7 +11,11 @@ JSON and tool results as user turns (`Tool result (name): ...`).
 tool_choice: "none" (the tools are not offered, nothing is read as a call), "auto" (the model
 chooses; an answer that is a well-formed call of an offered tool is one), "required" or a named
 function (the answer is constrained to a call: its JSON validates against the function's
-parameters). One call per answer: `parallel_tool_calls` is accepted, a model answers with one.
+parameters). In "auto" with the fallback prompt and a tool marked `strict: true`, the answer is
+constrained too: text that does not start with `{`, or a call whose arguments validate. A
+constrained ("guided") call is streamed as it is written (CallWriter); a call cut by max_tokens
+is returned as a call with the arguments written so far (finish reason "length"). One call per
+answer: `parallel_tool_calls` is accepted, a model answers with one.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ToolSpec:
     tools: list[dict]      # OpenAI's [{"type": "function", "function": {...}}], checked
     choice: str            # "none" | "auto" | "required" | "function"
     name: str | None = None  # the forced function
+    guided: bool = False     # the answer is constrained (a forced call, or strict tools in auto)
 
     @property
     def names(self) -> list[str]:
@@ -83,6 +88,31 @@ def call_schema(spec: ToolSpec) -> dict:
     return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
 
 
+def guide(spec: ToolSpec | None, is_native: bool) -> ToolSpec | None:
+    """The spec with `guided` set: a forced call, or auto with a strict tool and the fallback
+    prompt (whose call syntax is this module's; a native template's is the model's own)."""
+    if spec is None:
+        return None
+    strict = any(t["function"].get("strict") is True for t in spec.tools)
+    spec.guided = spec.choice in ("required", "function") or (spec.choice == "auto" and strict and not is_native)
+    return spec
+
+
+def constraint_options(opts: dict, spec: ToolSpec | None) -> dict:
+    """A guided answer's constraint, over any constraint of the task's: a forced call's JSON
+    schema, or (auto) a grammar of text not starting with `{` or such a call."""
+    if spec is None or not spec.guided:
+        return opts
+    if spec.choice != "auto":
+        return {**opts, "json_schema": call_schema(spec), "regex": None, "grammar": None}
+    from .constraint import JSON_STYLE
+
+    call = {**call_schema(spec), "x-guidance": JSON_STYLE}
+    grammar = ("start: call | text\ncall: %json " + json.dumps(call, ensure_ascii=False) +
+               "\ntext: /(\\s*[^{\\s][^\\x00]*)?/\n")
+    return {**opts, "json_schema": None, "regex": None, "grammar": grammar}
+
+
 def native(template: str | None) -> bool:
     """Whether a chat template renders tools itself."""
     return bool(template) and re.search(r"\btools\b", template) is not None
@@ -126,10 +156,26 @@ def _args(a):
     return a
 
 
-def read_call(text: str, spec: ToolSpec | None) -> list[dict] | None:
-    """The answer as OpenAI tool_calls, if it is a call of an offered tool."""
+HEAD = re.compile(r'\s*\{"name": "([A-Za-z0-9_.-]{1,64})", "arguments": ')
+
+
+def new_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def read_call(text: str, spec: ToolSpec | None, finished: bool = True) -> list[dict] | None:
+    """The answer as OpenAI tool_calls, if it is a call of an offered tool. An answer cut short
+    (finished False) that began a call of one is that call with the arguments written so far."""
     if spec is None or spec.choice == "none":
         return None
+    calls = _whole_call(text, spec)
+    m = HEAD.match(text)
+    if calls is not None or finished or m is None or m.group(1) not in spec.names:
+        return calls
+    return [{"id": new_id(), "type": "function", "function": {"name": m.group(1), "arguments": text[m.end():]}}]
+
+
+def _whole_call(text: str, spec: ToolSpec) -> list[dict] | None:
     s = text.strip()
     m = re.fullmatch(r"<tool_call>\s*(.*?)\s*</tool_call>", s, re.S)
     if m:
@@ -150,5 +196,51 @@ def read_call(text: str, spec: ToolSpec | None) -> list[dict] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}]
+    raw = json.dumps(args, ensure_ascii=False)
+    m = HEAD.match(s)
+    if m is not None and s.endswith("}"):  # the text as written (what a streamed call sent)
+        written = s[m.end():-1].rstrip()
+        try:
+            raw = written if json.loads(written) == args else raw
+        except ValueError:
+            pass
+    return [{"id": new_id(), "type": "function", "function": {"name": obj["name"], "arguments": raw}}]
+
+
+class CallWriter:
+    """A guided call as it is written: OpenAI tool_call deltas, first the id and name, then the
+    arguments in fragments. The last `}` (the call object's close) and any whitespace after a
+    `}` are held until more text shows whether they are the arguments'."""
+
+    def __init__(self):
+        self.id, self.text, self.name, self.sent = new_id(), "", None, 0
+
+    def feed(self, text: str) -> list[dict]:
+        self.text += text
+        out = []
+        if self.name is None:
+            m = HEAD.match(self.text)
+            if m is None:
+                return out
+            self.name, self._at = m.group(1), m.end()
+            out.append({"index": 0, "id": self.id, "type": "function",
+                        "function": {"name": self.name, "arguments": ""}})
+        args = self.text[self._at:]
+        keep = len(args) - len(re.search(r"\}?\s*\Z", args).group(0))
+        return out + self._send(args[:keep])
+
+    def end(self) -> list[dict]:
+        """The rest of the arguments: without the call's close when the call is whole (else
+        it was cut short, and everything written is the arguments)."""
+        if self.name is None:
+            return []
+        args = self.text[self._at:]
+        try:
+            whole = isinstance(json.loads(self.text), dict)
+        except ValueError:
+            whole = False
+        return self._send(args.rstrip()[:-1].rstrip() if whole else args)
+
+    def _send(self, upto: str) -> list[dict]:
+        piece, self.sent = upto[self.sent:], max(self.sent, len(upto))
+        return [{"index": 0, "function": {"arguments": piece}}] if piece else []

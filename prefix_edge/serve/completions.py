@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..runtime.tools import CallWriter
 from .schema import ApiError, chat_messages, check_strings, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -242,8 +243,10 @@ class Completions:
         for i, r in enumerate(results):
             choice: dict[str, Any] = {"index": i, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
             lp = r.logprobs if handles[i].logprobs_on else None
-            if chat and r.tool_calls:
-                choice.update(finish_reason="tool_calls", message={
+            if chat and r.tool_calls:  # a call cut by max_tokens keeps finish "length"
+                if r.stats.finish_reason in ("eos", "stop"):
+                    choice["finish_reason"] = "tool_calls"
+                choice.update(message={
                     "role": "assistant", "content": None, "refusal": None, "tool_calls": r.tool_calls})
                 choice["logprobs"] = None
             elif chat:
@@ -285,8 +288,15 @@ class Completions:
             return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
 
         results = [None] * len(handles)
-        # tools offered: an answer that may be a call is held until it is clearly text, or ends
-        held = ["" if chat and h.tools_offered else None for h in handles]
+        # tools offered: an answer that may be a call is held until it is clearly text, or ends;
+        # a guided one (constrained: tools.guide) is a call once it starts with "{", streamed
+        mode = [("guided" if h.tools_guided else "held") if chat and h.tools_offered else "text" for h in handles]
+        held = [""] * len(handles)
+        writers: list = [None] * len(handles)
+
+        def calls(i: int, deltas: list) -> str:
+            return frame([{"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}])
+
         try:
             if chat:
                 yield frame([delta(i, None, None, role=True) for i in range(len(handles))])
@@ -296,31 +306,50 @@ class Completions:
                     yield failure(str(value), "server_error", None)
                     return
                 if what == "text":
-                    if held[i] is not None:
+                    if mode[i] == "call":
+                        deltas = writers[i].feed(value)
+                        if deltas:
+                            yield calls(i, deltas)
+                        continue
+                    if mode[i] != "text":
                         held[i] += value
                         head = held[i].lstrip()
-                        if not head or head.startswith(("{", "<")):
+                        if not head or (mode[i] == "held" and head.startswith(("{", "<"))):
                             continue
-                        value, held[i] = held[i], None
+                        if mode[i] == "guided" and head.startswith("{"):
+                            mode[i], writers[i] = "call", CallWriter()
+                            deltas = writers[i].feed(held[i])
+                            if deltas:
+                                yield calls(i, deltas)
+                            continue
+                        mode[i], value, held[i] = "text", held[i], ""
                     yield frame([delta(i, value, None)])
                     continue
                 results[i] = value
-                if value.tool_calls and value.stats.finish_reason != "shutdown":
-                    metrics.observe(model, value)
-                    calls = [{"index": k, **c} for k, c in enumerate(value.tool_calls)]
-                    yield frame([{"index": i, "delta": {"tool_calls": calls}, "logprobs": None,
-                                  "finish_reason": None}])
-                    yield frame([{"index": i, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}])
-                    continue
-                if held[i]:
+                stopped = value.stats.finish_reason
+                if mode[i] == "call" and writers[i].name is not None:
+                    deltas = writers[i].end()
+                    if deltas:
+                        yield calls(i, deltas)
+                elif mode[i] == "call":  # cut before the function's name: the text as it is
+                    mode[i], held[i] = "text", writers[i].text
+                elif value.tool_calls and stopped != "shutdown":  # held, and a call after all
+                    yield calls(i, [{"index": k, **c} for k, c in enumerate(value.tool_calls)])
+                    mode[i] = "call"
+                if held[i] and mode[i] != "call":
                     yield frame([delta(i, held[i], None)])
-                if value.stats.finish_reason == "shutdown":  # never a silent cut: the client sees why
+                if stopped == "shutdown":  # never a silent cut: the client sees why
                     metrics.count(model, 503)
                     yield failure("the server shut down before this answer finished", "server_error",
                                   "server_shutdown")
                     return
                 metrics.observe(model, value)
-                yield frame([delta(i, None, FINISH.get(value.stats.finish_reason, "stop"))])
+                finish = FINISH.get(stopped, "stop")
+                if mode[i] == "call":
+                    finish = "tool_calls" if value.tool_calls and stopped in ("eos", "stop") else finish
+                    yield frame([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+                else:
+                    yield frame([delta(i, None, finish)])
             if include_usage:
                 yield frame([], usage(results))
             yield "data: [DONE]\n\n"

@@ -8,8 +8,8 @@ come first; responses are kept in memory, the last MAX_STORED, unless `store: fa
 Streaming sends the typed events (response.created ... response.output_text.delta ...
 response.completed), each with its sequence_number. Function tools (`tools`, `tool_choice`)
 work as on chat completions (runtime/tools.py): a call is a `function_call` output item (with
-`response.function_call_arguments.*` events when streamed; with tools offered the answer comes
-at its end, call or message), and `function_call` / `function_call_output` input items are the
+`response.function_call_arguments.*` events when streamed; with tools offered an answer is held
+until it is clearly a message; a guided call streams its arguments as they are written), and `function_call` / `function_call_output` input items are the
 history.
 """
 
@@ -27,6 +27,7 @@ from fastapi import Request
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .completions import (DISCONNECTED, LogprobFormat, admit, read_body, sse, start, task_of,
                           watch_disconnect)
+from ..runtime.tools import CallWriter
 from .schema import ApiError, completion_params, response_format
 
 MAX_STORED = 256
@@ -151,21 +152,21 @@ class Responses:
             raise
 
     def _response(self, rid: str, mid: str, model: str, body: dict, status: str, text: str | None,
-                  result=None) -> dict:
+                  result=None, call_id: str | None = None) -> dict:
+        incomplete = None
+        if result is not None and result.stats.finish_reason in ("length", "timeout"):
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        done = "incomplete" if incomplete else "completed" if status != "in_progress" else "in_progress"
         out = []
         if result is not None and result.tool_calls:
-            out = [{"type": "function_call", "id": "fc_" + c["id"][5:], "call_id": c["id"], "status": "completed",
-                    "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            out = [{"type": "function_call", "id": "fc_" + (call_id or c["id"])[5:], "call_id": call_id or c["id"],
+                    "status": done, "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
                    for c in result.tool_calls]
         elif text is not None:
             part = {"type": "output_text", "text": text, "annotations": []}
             if result is not None and result.logprobs is not None:
                 part["logprobs"] = self.lp.chat(result.logprobs)
-            out = [{"type": "message", "id": mid, "status": "completed" if status != "in_progress"
-                    else "in_progress", "role": "assistant", "content": [part]}]
-        incomplete = None
-        if result is not None and result.stats.finish_reason in ("length", "timeout"):
-            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+            out = [{"type": "message", "id": mid, "status": done, "role": "assistant", "content": [part]}]
         use = None
         if result is not None:
             s = result.stats
@@ -241,32 +242,63 @@ class Responses:
             start_resp = self._response(rid, mid, model, body, "in_progress", None)
             yield event("response.created", response=start_resp)
             yield event("response.in_progress", response=start_resp)
-            if h.tools_offered:  # a call or a message: known at the end (the answer comes whole)
+            source, writer, broke = None, None, False
+            if h.tools_offered:  # a call or a message: held until it is clearly one (tools.guide)
+                held = ""
                 async for chunk in h:
-                    parts.append(chunk)
-                source = [("".join(parts), [])] if parts else []
-            else:
-                source = None
+                    if writer is not None:
+                        deltas = writer.feed(chunk)
+                    else:
+                        held += chunk
+                        head = held.lstrip()
+                        if not head or (not h.tools_guided and head.startswith(("{", "<"))):
+                            continue
+                        if not (h.tools_guided and head.startswith("{")):
+                            broke = True
+                            break  # text: streamed as a message from here
+                        writer = CallWriter()
+                        deltas = writer.feed(held)
+                    if deltas and "id" in deltas[0]:
+                        item = {"type": "function_call", "id": "fc_" + writer.id[5:], "call_id": writer.id,
+                                "status": "in_progress", "name": writer.name, "arguments": ""}
+                        yield event("response.output_item.added", output_index=0, item=item)
+                        deltas = deltas[1:]
+                    for d in deltas or ():
+                        yield event("response.function_call_arguments.delta", item_id="fc_" + writer.id[5:],
+                                    output_index=0, delta=d["function"]["arguments"])
+                source = [held] if held else []
             r = h.result
-            if r is not None and r.tool_calls:
-                resp = self._response(rid, mid, model, body, "completed", None, r)
+            if writer is not None and writer.name is not None:
+                for d in writer.end():
+                    yield event("response.function_call_arguments.delta", item_id="fc_" + writer.id[5:],
+                                output_index=0, delta=d["function"]["arguments"])
+            if r is not None and r.tool_calls and r.stats.finish_reason != "shutdown":
+                resp = self._response(rid, mid, model, body, "completed", None, r,
+                                      writer.id if writer is not None and writer.name else None)
                 for k, item in enumerate(resp["output"]):
-                    yield event("response.output_item.added", output_index=k,
-                                item={**item, "arguments": "", "status": "in_progress"})
-                    yield event("response.function_call_arguments.delta", item_id=item["id"],
-                                output_index=k, delta=item["arguments"])
+                    if writer is None or writer.name is None:
+                        yield event("response.output_item.added", output_index=k,
+                                    item={**item, "arguments": "", "status": "in_progress"})
+                        yield event("response.function_call_arguments.delta", item_id=item["id"],
+                                    output_index=k, delta=item["arguments"])
                     yield event("response.function_call_arguments.done", item_id=item["id"],
                                 output_index=k, arguments=item["arguments"])
                     yield event("response.output_item.done", output_index=k, item=item)
                 self.metrics.observe(model, r)
                 self._keep(rid, resp, messages, "", store, r.tool_calls)
-                yield event("response.completed", response=resp)
+                yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
+                            response=resp)
                 return
+            if writer is not None:
+                source = [writer.text]
             yield event("response.output_item.added", output_index=0, item={
                 "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
             yield event("response.content_part.added", **where,
                         part={"type": "output_text", "text": "", "annotations": []})
-            if source is None:
+            for chunk in source or ():
+                parts.append(chunk)
+                yield event("response.output_text.delta", **where, delta=chunk, logprobs=[])
+            if source is None or broke:
                 async for chunk in h:
                     parts.append(chunk)
                     lp = []
@@ -274,9 +306,6 @@ class Responses:
                         items = h.logprobs[sent:]
                         sent += len(items)
                         lp = self.lp.chat(items)
-                    yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
-            else:
-                for chunk, lp in source:
                     yield event("response.output_text.delta", **where, delta=chunk, logprobs=lp)
             r = h.result
             text = "".join(parts)
