@@ -335,15 +335,21 @@ def test_other_base_model_is_a_warning(peft_bundle):
                                ["SmolLM2-135M-Instruct.Q4_1.gguf"])
 
 
-def test_key_permutation_is_the_weight_permutation():
-    """A key computed with GGUF's permuted k_proj rows = the HF key with its dims permuted."""
-    from prefix_edge.export.gguf import _permute_rows
+def test_key_permutation_is_the_weight_permutation(monkeypatch):
+    """A key computed with the k_proj rows as llama.cpp's converter permutes them (its own
+    LlamaModel.permute) = the HF key with its dims permuted by hf_keys_to_llama_cpp."""
+    from prefix_edge.export.llama_convert import converter_dir
     from prefix_edge.export.peft import hf_keys_to_llama_cpp
+
+    conv = converter_dir()
+    monkeypatch.syspath_prepend(str(conv / "gguf-py"))
+    monkeypatch.syspath_prepend(str(conv))
+    from conversion.llama import LlamaModel
 
     rng = np.random.default_rng(0)
     n_kv, hd, d_in = 3, 8, 16
     w, x = rng.standard_normal((n_kv * hd, d_in)), rng.standard_normal(d_in)
-    k_gguf = (_permute_rows(w, n_kv) @ x).reshape(n_kv, hd)
+    k_gguf = (LlamaModel.permute(w, 2 * n_kv, n_kv) @ x).reshape(n_kv, hd)
     k_hf = (w @ x).reshape(n_kv, hd)
     assert np.array_equal(hf_keys_to_llama_cpp(k_hf), k_gguf)
 

@@ -168,8 +168,8 @@ def adapter_kv(a: Adapter, m: ModelInfo) -> tuple[list[np.ndarray], list[np.ndar
 
 
 def hf_keys_to_llama_cpp(k: np.ndarray) -> np.ndarray:
-    """Per head, the HF→GGUF permutation of key dims (export/gguf.py `_permute_rows` applies it
-    to the rows of k_proj): llama.cpp dim 2i = HF dim i, dim 2i+1 = HF dim i + head_dim/2.
+    """Per head, the HF→GGUF permutation of key dims (llama.cpp's converter permutes the rows of
+    k_proj for a model with NORM RoPE the same way): llama.cpp dim 2i = HF dim i, dim 2i+1 = HF dim i + head_dim/2.
     `k` is [..., head_dim]; returns the same shape."""
     hd = k.shape[-1]
     if hd % 2:
