@@ -92,7 +92,8 @@ ARCHS = {
                                          layer_types=["sliding_attention"] * 5 + ["full_attention"],
                                          query_pre_attn_scalar=16, tie_word_embeddings=True, rms_norm_eps=1e-6,
                                          hidden_activation="gelu_pytorch_tanh"), "gpt2", "gemma3", "gpt-2"),
-    "phi3": ("Phi3ForCausalLM", dict(rope_theta=10000.0, partial_rotary_factor=0.75, tie_word_embeddings=True,
+    # head_dim 64 (Phi-4-mini: 128): a rotary of 0.75 x 64 = 48 dims, as ORT's attention needs
+    "phi3": ("Phi3ForCausalLM", dict(hidden_size=256, rope_theta=10000.0, partial_rotary_factor=0.75, tie_word_embeddings=True,
                                      rms_norm_eps=1e-5), "gpt2", "phi3", "gpt-2"),
     "smollm3": ("SmolLM3ForCausalLM", dict(head_dim=16, rope_theta=2e6, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0],
                                            tie_word_embeddings=True, rms_norm_eps=1e-6), "llama3", "smollm3", "llama-bpe"),

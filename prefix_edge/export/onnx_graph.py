@@ -17,9 +17,18 @@ same buffer (the runtime binds them so: runtime/onnx.py), so a step copies no KV
 baked prefix is a copy into the first P positions. The KV names and layout are optimum's, so a
 prefix file is the same for both graphs.
 
-Supported: LlamaForCausalLM (SmolLM, Llama 2/3 without rope scaling), MistralForCausalLM
-(sliding window as GQA's local window), Qwen2ForCausalLM (q/k/v biases). Anything else is a
-one-line refusal naming `--onnx-builder optimum`.
+Supported, each checked against transformers (tests/test_architectures.py):
+- LlamaForCausalLM (SmolLM, Llama 2, Llama 3.x with its RoPE scaling), MistralForCausalLM
+  (sliding window as GQA's local window), Qwen2ForCausalLM (q/k/v biases);
+- Qwen3ForCausalLM: per-head q/k RMSNorm before the rotary (q, k and v go to GQA unpacked);
+- Phi3ForCausalLM (Phi-3, Phi-4-mini): fused qkv and gate_up weights, partial rotary;
+- SmolLM3ForCausalLM: layers without RoPE (GQA's do_rotary off there);
+- GraniteForCausalLM: the embedding multiplier (a Mul), the residual multiplier and
+  1/logits_scaling folded into o_proj, down_proj and lm_head, attention_multiplier as GQA's scale.
+RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
+yarn with its attention factor); scalings that depend on the sequence length (dynamic,
+longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
+the feature and `--onnx-builder optimum`.
 """
 
 from __future__ import annotations
@@ -31,8 +40,14 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                 "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 OPSET = 18  # Split's num_outputs
+
+
+def _refuse(what: str) -> PrefixEdgeError:
+    return PrefixEdgeError(f"the own ONNX builder has no {what}; export with --onnx-builder optimum")
 
 
 def _config(hf_dir: Path) -> dict:
@@ -42,13 +57,17 @@ def _config(hf_dir: Path) -> dict:
         raise PrefixEdgeError(f"the own ONNX builder does not know {arch} (it builds "
                               f"{', '.join(ARCHITECTURES)}); export with --onnx-builder optimum")
     scaling = cfg.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind not in (None, "default"):
-        raise PrefixEdgeError(f"the own ONNX builder has no {kind!r} rope scaling; export with "
-                              "--onnx-builder optimum")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise PrefixEdgeError(f"the own ONNX builder has no {cfg['hidden_act']!r} activation; "
-                              "export with --onnx-builder optimum")
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind not in ROPE_TYPES:
+        raise _refuse(f"{kind!r} RoPE scaling (it depends on the sequence length)" if kind in
+                      ("dynamic", "longrope") else f"{kind!r} RoPE scaling")
+    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act != "silu":
+        raise _refuse(f"{act!r} activation")
+    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM"):
+        raise _refuse(f"attention bias on {arch}")
+    if cfg.get("mlp_bias"):
+        raise _refuse("MLP bias")
     return cfg
 
 
@@ -66,12 +85,18 @@ def _weights(hf_dir: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def rope_cache(cfg: dict, head_dim: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [n_pos, head_dim/2] as transformers' default RoPE computes them (fp32)."""
-    theta = float(cfg.get("rope_theta", 10000.0))
-    inv = (1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))).astype(np.float32)
-    freqs = np.outer(np.arange(n_pos, dtype=np.float32), inv).astype(np.float32)
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+def rope_cache(hf_dir: Path, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [n_pos, rotary_dim/2] as transformers computes them for this config (its own
+    RoPE init function: partial rotary, linear/llama3/yarn scaling, yarn's attention factor)."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = AutoConfig.from_pretrained(str(hf_dir))
+    kind = (getattr(config, "rope_scaling", None) or {}).get("rope_type", "default")
+    inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv.float()[None, :]
+    return (freqs.cos() * scale).numpy().astype(np.float32), (freqs.sin() * scale).numpy().astype(np.float32)
 
 
 def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
@@ -81,6 +106,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
 
     hf_dir = Path(hf_dir)
     cfg = _config(hf_dir)
+    arch = cfg["architectures"][0]
     w = _weights(hf_dir)
     hidden, n_layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     n_heads = int(cfg["num_attention_heads"])
@@ -90,6 +116,27 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     n_pos = int(cfg.get("max_position_embeddings", 2048))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     window = int(window) if window and int(window) < n_pos else -1
+    qk_norm = arch == "Qwen3ForCausalLM"
+    granite = arch == "GraniteForCausalLM"
+    rope_on = [True] * n_layers
+    if arch == "SmolLM3ForCausalLM":
+        rope_on = [bool(v) for v in cfg.get("no_rope_layers") or [1] * n_layers]
+    attn_scale = float(cfg["attention_multiplier"]) if granite else float(head_dim) ** -0.5
+    res_mult = float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0
+    if arch == "Phi3ForCausalLM":  # fused projections, split as HF splits them
+        q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
+        for i in range(n_layers):
+            p = f"model.layers.{i}"
+            qkv = w.pop(f"{p}.self_attn.qkv_proj.weight")
+            w[f"{p}.self_attn.q_proj.weight"] = qkv[:q_rows]
+            w[f"{p}.self_attn.k_proj.weight"] = qkv[q_rows:q_rows + kv_rows]
+            w[f"{p}.self_attn.v_proj.weight"] = qkv[q_rows + kv_rows:]
+            gate, up = np.split(w.pop(f"{p}.mlp.gate_up_proj.weight"), 2, axis=0)
+            w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
+    if res_mult != 1.0:  # x + r * (h @ W^T) = x + h @ (r W)^T
+        for i in range(n_layers):
+            for k in ("self_attn.o_proj", "mlp.down_proj"):
+                w[f"model.layers.{i}.{k}.weight"] = w[f"model.layers.{i}.{k}.weight"] * np.float32(res_mult)
 
     inits, nodes = [], []
 
@@ -110,11 +157,26 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             y = node("Add", [y, init(name + ".bias", bias)], [name + "/bias_out"], name + "/Add")
         return y
 
-    cos, sin = rope_cache(cfg, head_dim, n_pos)
+    def head_norm(x: str, weight: str, heads: int, name: str) -> str:
+        """RMSNorm over each head's head_dim values (Qwen3's q_norm / k_norm)."""
+        shaped = node("Reshape", [x, init(name + "/shape", np.array([0, 0, heads, head_dim], np.int64))],
+                      [name + "/heads"], name + "/Reshape")
+        normed = node("SimplifiedLayerNormalization", [shaped, init(weight, w[weight])], [name + "/normed"],
+                      name + "/Norm", axis=-1, epsilon=eps)
+        return node("Reshape", [normed, init(name + "/flat", np.array([0, 0, heads * head_dim], np.int64))],
+                    [name + "/out"], name + "/Flatten")
+
+    cos, sin = rope_cache(hf_dir, n_pos)
+    if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
+        raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
+                      "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
     init("cos_cache", cos)
     init("sin_cache", sin)
     x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
              ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
+    if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
+        x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
+                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
     residual, pending = x, None
     outputs = []
     for i in range(n_layers):
@@ -129,14 +191,21 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                                      domain="com.microsoft", epsilon=eps)
         # q, k and v in one MatMul: GroupQueryAttention takes the packed [q; k; v] rows
         qkv = linear(h, [f"{p}.self_attn.{x}_proj" for x in "qkv"], f"/{p}/attn/qkv_proj")
+        qkv_in = [qkv, "", ""]
+        if qk_norm:  # per-head norms between the projection and the rotary: unpacked
+            q, k, v = node("Split", [qkv, init(f"/{p}/attn/sizes", np.array(
+                [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], np.int64))],
+                [f"/{p}/attn/q", f"/{p}/attn/k", f"/{p}/attn/v"], f"/{p}/attn/Split", axis=-1)
+            qkv_in = [head_norm(q, f"{p}.self_attn.q_norm.weight", n_heads, f"/{p}/attn/q_norm"),
+                      head_norm(k, f"{p}.self_attn.k_norm.weight", n_kv, f"/{p}/attn/k_norm"), v]
         pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         ok, ov = f"present.{i}.key", f"present.{i}.value"
-        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, rotary_interleaved=0,
-                     scale=float(head_dim) ** -0.5)
+        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=int(rope_on[i]), rotary_interleaved=0,
+                     scale=attn_scale)
         if window > 0:
             attrs["local_window_size"] = window
-        a = node("GroupQueryAttention", [qkv, "", "", pk, pv, "seqlens_k", "total_sequence_length",
-                                         "cos_cache", "sin_cache"],
+        a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length",
+                                         "cos_cache" if rope_on[i] else "", "sin_cache" if rope_on[i] else ""],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
         outputs += [ok, ov]
@@ -159,6 +228,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
                           init("last_axis", np.array([1], np.int64))], ["/model/last"], "/model/Slice_last")
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # tied embeddings
+    if granite and float(cfg.get("logits_scaling", 1.0)) != 1.0:
+        head = head / np.float32(cfg["logits_scaling"])
     node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits"], "/lm_head/MatMul")
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
