@@ -153,7 +153,7 @@ def _train_tokenizer(style: str):
     return fast
 
 
-def _build(kind: str, out: Path, **overrides) -> Built:
+def _build(kind: str, out: Path, convert: bool = True, **overrides) -> Built:
     import torch
     import transformers
 
@@ -181,7 +181,8 @@ def _build(kind: str, out: Path, **overrides) -> Built:
         cfg = json.loads((out / "tokenizer_config.json").read_text())
         (out / "tokenizer_config.json").write_text(json.dumps({**cfg, "tokenizer_class": "GPT2Tokenizer"}))
     gguf_path = out / "model-f32.gguf"
-    convert_hf_to_gguf(out, gguf_path, "f32")
+    if convert:
+        convert_hf_to_gguf(out, gguf_path, "f32")
     return Built(kind, out, gguf_path, model, tokenizer)
 
 

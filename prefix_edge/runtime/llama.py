@@ -72,6 +72,11 @@ class LlamaBackend:
         if not self.model:
             raise PrefixEdgeError(f"cannot load GGUF model {model_path} (not a GGUF file, or an "
                                   "architecture this llama.cpp does not know)")
+        if int(L.llama_model_n_swa(self.model)) > 0:  # its state is two caches, pruned to the window
+            arch = self.meta("general.architecture")
+            self.close()
+            raise PrefixEdgeError(f"the gguf backend does not store prefixes of a model with "
+                                  f"sliding-window layers yet ({arch}: llama.cpp's iSWA cache); use onnx")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_layers = int(L.llama_model_n_layer(self.model))
