@@ -112,6 +112,8 @@ LOGIT_ATOL = 1e-3
 # Gemma 3's GELU-tanh: ggml computes GELU through an f16 lookup table even on f32 tensors
 # (GGML_GELU_FP16), so ~1e-3 per activation; measured max |Δlogit| 1.29e-2 over the prompts.
 ARCH_ATOL = {"gemma3": 3e-2}
+# and with the F16 KV cache: Phi-4-mini's shape (head_dim 64 here) rounds the most, measured 6.0e-2
+F16_ARCH_ATOL = {"gemma3": 3e-2, "phi3": 5e-2}
 # f16 rounding (11-bit mantissa) of the KV cache (llama.cpp's default) or of the weights (ftype
 # "f16"): measured max |Δlogit| 1.1e-2..1.6e-2 (f16 KV) and 1.7e-2..2.0e-2 (f16 weights).
 F16_ATOL = 5e-2
@@ -245,7 +247,7 @@ def test_logits_with_default_f16_kv_cache(built):
         for prompt in PROMPTS:
             ids = built.tokenizer.encode(prompt, add_special_tokens=False)
             ours, ref = _llama_logits(llm, ids), _hf_logits(built.model, ids)
-            np.testing.assert_allclose(ours, ref, rtol=0, atol=F16_ATOL + ARCH_ATOL.get(built.kind, 0.0),
+            np.testing.assert_allclose(ours, ref, rtol=0, atol=F16_ATOL + F16_ARCH_ATOL.get(built.kind, 0.0),
                                        err_msg=prompt)
             assert ours[-1].argmax() == ref[-1].argmax(), prompt
     finally:
