@@ -33,9 +33,30 @@ def serve(
     header_timeout: float = typer.Option(HEADER_TIMEOUT, "--header-timeout", help="Seconds to receive a request head; the connection is closed beyond."),
     max_connections: int = typer.Option(MAX_CONNECTIONS, "--max-connections", help="Open connections; beyond, new ones are closed at once."),
     grace: float = typer.Option(GRACE, "--grace", help="Seconds running requests may take to finish after SIGTERM/SIGINT; then they end with an error."),
+    ray: bool = typer.Option(False, "--ray", help="Serve on a Ray cluster (the [ray] extra): replicas of the runtime, each task routed to the replicas that hold it."),
+    replicas: int = typer.Option(2, "--replicas", help="--ray: runtime replicas."),
+    tasks_per_replica: int = typer.Option(8, "--tasks-per-replica", help="--ray: tasks a replica keeps loaded (least recently used dropped beyond)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--ray: join this cluster (default: start a local one)."),
+    ray_config: Optional[Path] = typer.Option(None, "--ray-config", help="--ray: write the Ray Serve config for `serve deploy` to this file and exit."),
 ) -> None:
     """Serve the bundle's tasks as models over an OpenAI-compatible HTTP API."""
     from ..errors import PrefixEdgeError
+
+    if ray or ray_config:
+        from ..cluster.run import serve_forever, write_config
+
+        if replicas < 1 or tasks_per_replica < 1:
+            raise PrefixEdgeError("--replicas and --tasks-per-replica must be >= 1")
+        args = {"bundle": str(bundle) if bundle else None, "replicas": replicas, "tasks_per_replica": tasks_per_replica,
+                "backend": backend, "device": device, "threads": threads, "slots": slots,
+                "turn_cache": turn_cache, "api_key": api_key}
+        if ray_config:
+            write_config(ray_config, args, host, port)
+            typer.echo(f"wrote {ray_config}: `serve deploy {ray_config}` (set api_key in its args yourself)", err=True)
+            return
+        typer.echo(f"serving on Ray: {replicas} replica(s) on http://{host}:{port}/v1", err=True)
+        serve_forever(args, host, port, ray_address)
+        return
 
     try:
         import uvicorn

@@ -280,6 +280,12 @@ class Runtime(Requests):
         except Exception:
             pass
 
+    def unload(self, task: str) -> bool:
+        """Drop a task's prefix from memory (the next request reads its file again); whether
+        it was loaded. A request already running keeps its own reference."""
+        with self._prefix_lock:
+            return self.prefixes.drop(task)
+
     def engine_info(self) -> dict:
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched

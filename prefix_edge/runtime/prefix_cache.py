@@ -65,6 +65,10 @@ class PrefixCache:
                 self._lru.popitem(last=False)
         return prefix, False
 
+    def drop(self, task: str) -> bool:
+        """Forget a task's prefix (it is read from its file again when next asked for)."""
+        return self._lru.pop(task, None) is not None
+
     def ids(self, task: str):  # noqa: D401
         """Only the prefix token ids (for prefilling the prefix instead of loading it).
 

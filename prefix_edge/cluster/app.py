@@ -1,0 +1,183 @@
+"""A Ray Serve application: the bundle's tasks over N replicas, each task routed to the replicas
+that hold it (Ray Serve's model multiplexing, the task as the multiplexed model id).
+
+    ingress (one deployment)            TaskReplica x N (one Runtime each: one engine thread,
+      the OpenAI routes, the API key,   its own scheduler and batching)
+      an unknown task -> 404        ->    the multiplexed loader: a task's prefix read and
+      the task from the body's          checked into memory; the least recently used one
+      `model` -> multiplexed id         beyond `tasks_per_replica` is dropped
+                                        the request through serve/app.py's own FastAPI app
+                                        (cluster/asgi.py): the same API, streaming included
+
+Every response carries `x-prefix-edge-replica` (which replica answered) and the replica's
+counters; the ingress's `/metrics` renders them per replica and per task (requests, resident
+tasks, loads, evictions, queue depth). A replica that dies before sending a byte is retried
+once on another. `build(args)` is the application builder Ray's own `serve run` / `serve
+deploy` call (cli: `prefix-edge serve --ray --ray-config FILE` writes such a config).
+"""
+
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from ray import serve
+
+DEFAULTS: dict[str, Any] = {"bundle": None, "replicas": 2, "tasks_per_replica": 8, "backend": "auto",
+                            "device": "cpu", "threads": None, "slots": 4, "api_key": None,
+                            "turn_cache": 256}
+BASE = "base"
+HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the HTTP layer
+
+
+def _replica_deployment(k: int):
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class TaskReplica:
+        def __init__(self, bundle: str, runtime_opts: dict):
+            from ..runtime.generate import Runtime
+            from ..serve.app import create_app
+
+            self.rt = Runtime.open(bundle, prefix_cache_size=max(k, 1), **runtime_opts)
+            self.app = create_app(self.rt)
+            ctx = serve.get_replica_context()
+            rid = getattr(ctx, "replica_id", None)
+            self.name = getattr(rid, "unique_id", None) or getattr(ctx, "replica_tag", "replica")
+            self.loads = self.evictions = 0
+            self.resident: set[str] = set()
+
+        @serve.multiplexed(max_num_models_per_replica=max(k, 1))
+        async def task(self, name: str):
+            if name in self.rt.tasks:  # read and checked now, not on the first request
+                await asyncio.to_thread(self.rt.prefixes.get, name)
+            self.loads += 1
+            self.resident.add(name)
+            return _Resident(self, name)
+
+        def counters(self) -> dict:
+            info = self.rt.engine_info()
+            return {"replica": self.name, "pid": os.getpid(), "resident": sorted(self.resident),
+                    "loads": self.loads, "evictions": self.evictions, "waiting": info["waiting"],
+                    "active": info["active"]}
+
+        async def handle(self, method: str, path: str, query: bytes, headers: list, body: bytes):
+            from .asgi import call
+
+            name = serve.get_multiplexed_model_id()
+            if name:
+                await self.task(name)
+            async for part in call(self.app, method, path, query, headers, body):
+                if isinstance(part, dict):
+                    part["headers"] = [h for h in part["headers"] if h[0].lower() not in HOP] + [
+                        ("x-prefix-edge-replica", self.name),
+                        ("x-prefix-edge-counters", json.dumps(self.counters()))]
+                yield part
+
+        def __del__(self):
+            rt = getattr(self, "rt", None)
+            if rt is not None:
+                rt.close()
+
+    return TaskReplica
+
+
+class _Resident:
+    """A task held by a replica; Ray Serve drops it (least recently used) beyond the limit."""
+
+    def __init__(self, replica, name: str):
+        self.replica, self.name, self.gone = replica, name, False
+
+    def __del__(self):
+        if not self.gone:
+            self.gone = True
+            self.replica.evictions += 1
+            self.replica.resident.discard(self.name)
+            if self.name in self.replica.rt.tasks:
+                self.replica.rt.unload(self.name)
+
+
+def _ingress(names: list[str], api_key: str | None):
+    from ..serve.app import _BearerAuth, error
+
+    app = FastAPI(title="prefix-edge cluster", docs_url=None, redoc_url=None, openapi_url=None)
+    if api_key:
+        app.add_middleware(_BearerAuth, key=api_key)
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    @serve.ingress(app)
+    class Ingress:
+        def __init__(self, replicas):
+            self.replicas = replicas
+            self.requests: dict[tuple[str, str], int] = {}
+            self.counters: dict[str, dict] = {}
+
+        @app.get("/metrics")
+        async def metrics(self) -> PlainTextResponse:
+            lines = ["# TYPE prefix_edge_cluster_requests_total counter"]
+            for (task, replica), n in sorted(self.requests.items()):
+                lines.append(f'prefix_edge_cluster_requests_total{{task="{task}",replica="{replica}"}} {n}')
+            for kind, key in (("gauge", "resident"), ("counter", "loads"), ("counter", "evictions"),
+                              ("gauge", "waiting"), ("gauge", "active")):
+                metric = f"prefix_edge_replica_{key}" + ("_total" if kind == "counter" else "")
+                lines.append(f"# TYPE {metric} {kind}")
+                for replica, c in sorted(self.counters.items()):
+                    v = len(c[key]) if key == "resident" else c[key]
+                    lines.append(f'{metric}{{replica="{replica}"}} {v}')
+            return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+        @app.api_route("/{path:path}", methods=["GET", "POST", "DELETE", "OPTIONS"])
+        async def forward(self, path: str, request: Request):
+            body = await request.body()
+            model = None
+            if request.method == "POST" and body[:1] == b"{":
+                try:
+                    model = json.loads(body).get("model")
+                except (ValueError, AttributeError):
+                    model = None  # the replica's API answers the malformed body
+            if isinstance(model, str) and model not in names:
+                return error(404, f"the model `{model}` does not exist", param="model", code="model_not_found")
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+            args = (request.method, "/" + path, request.url.query.encode(), headers, body)
+            for attempt in (0, 1):
+                h = self.replicas.options(stream=True, **({"multiplexed_model_id": model}
+                                                          if isinstance(model, str) else {}))
+                gen = h.handle.remote(*args)
+                try:
+                    head = await gen.__anext__()
+                    break
+                except Exception as e:  # the replica died before answering: once more, elsewhere
+                    if attempt:
+                        return JSONResponse({"error": {"message": f"no replica could answer: {type(e).__name__}",
+                                                       "type": "server_error", "param": None,
+                                                       "code": "replica_failed"}}, status_code=503)
+            hdrs = dict(head["headers"])
+            c = json.loads(hdrs.get("x-prefix-edge-counters", "{}"))
+            if c:
+                self.counters[c["replica"]] = c
+                if isinstance(model, str):
+                    key = (model, c["replica"])
+                    self.requests[key] = self.requests.get(key, 0) + 1
+
+            async def rest():
+                async for part in gen:
+                    yield part
+
+            return StreamingResponse(rest(), status_code=head["status"], headers=hdrs)
+
+    return Ingress
+
+
+def build(args: dict) -> Any:
+    """The Ray Serve application of a bundle (Ray's application-builder signature)."""
+    from ..bundle import Manifest
+    from ..paths import default_bundle
+
+    a = {**DEFAULTS, **(args or {})}
+    bundle = str(a["bundle"] or default_bundle())
+    names = sorted(Manifest.read(bundle).tasks) + [BASE]
+    opts = {"backend": a["backend"], "device": a["device"], "threads": a["threads"], "slots": int(a["slots"]),
+            "turn_cache_bytes": max(0, int(a["turn_cache"])) << 20}
+    replica = _replica_deployment(int(a["tasks_per_replica"])).options(num_replicas=int(a["replicas"]))
+    return _ingress(names, a["api_key"]).bind(replica.bind(bundle, opts))
