@@ -15,6 +15,7 @@ import pytest
 from prefix_edge import PrefixEdgeError, Runtime
 
 from .test_gguf_convert import _build
+from .test_parity import baked_and_prefilled
 from .test_peft import make_adapter
 
 ARCHS = ["llama3.2", "qwen3", "phi3", "smollm3", "granite"]
@@ -72,12 +73,7 @@ def test_baked_text_prefix_is_the_prefill(arch, backend):
     with Runtime.open(root / "bundle", backend=backend) as rt:
         for task in ("support", "raw"):
             for text in INPUTS:
-                ids = rt.encode_input(task, text)
-                prefix, _ = rt.prefixes.get(task)
-                rt.backend.begin(prefix)
-                baked = rt.backend.prefill(ids)
-                rt.backend.begin(None)
-                full = rt.backend.prefill(np.concatenate([prefix.ids, ids]))
+                baked, full = baked_and_prefilled(rt, task, text)
                 assert np.max(np.abs(baked - full)) < 1e-5, (kind, task, text)
                 a = rt.generate(task, text, max_tokens=N)
                 b = rt.generate(task, text, max_tokens=N, use_prefix_cache=False)

@@ -136,3 +136,17 @@ def test_a_killed_replica(cluster, local):
         assert got.status_code == 200, got.text
         assert got.json()["choices"][0]["message"]["content"] == ref[task]
         assert json.loads(got.headers["x-prefix-edge-counters"])["pid"] != pid
+
+
+def test_ray_config_is_a_serve_deploy_config(bundle_int4, tmp_path):
+    """`serve --ray-config` writes what Ray's own `serve deploy` validates (its schema)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    out = tmp_path / "serve.json"
+    got = subprocess.run([sys.executable, "-m", "prefix_edge", "serve", "--ray-config", str(out), "--bundle",
+                          str(bundle_int4), "--replicas", "3", "--api-key", "secret"], capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    cfg = ServeDeploySchema(**json.loads(out.read_text()))
+    app = cfg.applications[0]
+    assert app.import_path == "prefix_edge.cluster.app:build" and app.args["replicas"] == 3
+    assert app.args["bundle"] == str(bundle_int4) and "api_key" not in app.args  # no secret in the file

@@ -13,6 +13,16 @@ from .conftest import INPUTS
 TASKS = ["support", "sentiment", "extract", "raw"]
 
 
+def baked_and_prefilled(rt, task: str, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """First-step logits of `text` after the task's baked prefix, and with the prefix prefilled."""
+    ids = rt.encode_input(task, text)
+    prefix, _ = rt.prefixes.get(task)
+    rt.backend.begin(prefix)
+    baked = rt.backend.prefill(ids)
+    rt.backend.begin(None)
+    return baked, rt.backend.prefill(np.concatenate([prefix.ids, ids]))
+
+
 @pytest.mark.parametrize("backend", ["onnx", "gguf", "onnx-optimum"])
 @pytest.mark.parametrize("task", TASKS)
 def test_fp32_first_step_logits_match(request, task, backend):
@@ -22,12 +32,7 @@ def test_fp32_first_step_logits_match(request, task, backend):
     bundle = request.getfixturevalue("bundle_optimum" if backend == "onnx-optimum" else "bundle_fp32")
     with Runtime.open(bundle, backend=backend.split("-")[0]) as rt:
         for text in INPUTS:
-            ids = rt.encode_input(task, text)
-            prefix, _ = rt.prefixes.get(task)
-            rt.backend.begin(prefix)
-            baked = rt.backend.prefill(ids)
-            rt.backend.begin(None)
-            full = rt.backend.prefill(np.concatenate([prefix.ids, ids]))
+            baked, full = baked_and_prefilled(rt, task, text)
             assert np.max(np.abs(baked - full)) < 1e-5
             assert np.std(full) > 0.1  # the model is not degenerate: logits discriminate
 

@@ -1,0 +1,108 @@
+"""The runtime at the sizes people deploy: random-weight checkpoints with the published configs
+of Qwen3-0.6B and Llama-3.2-1B (speed and memory do not depend on the weights' values),
+exported as a user would (ONNX int4 through the own graph, GGUF Q4_1 through llama.cpp's
+converter), then `prefix-edge bench` on each bundle (TTFT with a prefix baked vs prefilled at
+P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
+
+    python benchmarks/models_at_scale.py [--models qwen3-0.6b,llama-3.2-1b] [--work DIR]
+                                         [--out docs/scale.json] [--threads 2]
+                                         [--prefix-lengths 1024,4096] [--runs 2] [--peers]
+
+The tokenizer is the default model's (SmolLM2, 49,152 tokens) under each config's own
+vocabulary size: the embedding and output matrices have the real shapes; the extra rows are
+padding that no request touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = {
+    "qwen3-0.6b": {  # Qwen/Qwen3-0.6B config.json
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True,
+        "vocab_size": 151936, "hidden_act": "silu", "attention_bias": False},
+    "llama-3.2-1b": {  # meta-llama/Llama-3.2-1B-Instruct config.json
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
+        "vocab_size": 128256, "hidden_act": "silu", "rope_scaling": {
+            "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+}
+TASKS = '''
+[task.support]
+system = """You answer questions about storage plans, billing, devices and sync. Be brief."""
+max_tokens = 16
+'''
+
+
+def build(name: str, out: Path, tokenizer_dir: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "config.json").is_file():
+        return out
+    cfg = dict(CONFIGS[name])
+    cfg["max_position_embeddings"] = 4096  # the cos/sin caches and GGUF context stay small
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "bos_token_id": 1,
+                                                 "eos_token_id": 2, "pad_token_id": 2}))
+    config = AutoConfig.from_pretrained(str(out))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.save_pretrained(str(out))
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(CONFIGS))
+    ap.add_argument("--work", default="/tmp/prefix-edge-scale")
+    ap.add_argument("--out", default="docs/scale.json")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefix-lengths", default="1024,4096")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--peers", action="store_true", help="also the peer baselines (raw llama-cpp-python loop)")
+    a = ap.parse_args()
+    from prefix_edge.paths import default_bundle
+
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "tasks.toml").write_text(TASKS)
+    report = {"date": time.strftime("%Y-%m-%d"), "threads": a.threads, "models": {}}
+    for name in a.models.split(","):
+        hf = build(name, work / name / "hf", default_bundle() / "tokenizer")
+        bundle = work / name / "bundle"
+        t = time.perf_counter()
+        if not (bundle / "manifest.json").is_file():
+            subprocess.run([sys.executable, "-m", "prefix_edge", "export", str(hf), "--tasks",
+                            str(work / "tasks.toml"), "--out", str(bundle), "--quantize", "int4",
+                            "--gguf-quant", "q4_1", "--force"], check=True)
+        export_s = round(time.perf_counter() - t, 1)
+        out = work / name / "bench.json"
+        subprocess.run([sys.executable, "-m", "prefix_edge", "bench", "--bundle", str(bundle),
+                        "--prefix-lengths", a.prefix_lengths, "--runs", str(a.runs),
+                        "--peers" if a.peers else "--no-peers", "--threads", str(a.threads),
+                        "--out", str(out)], check=True)
+        sizes = {p.name: p.stat().st_size for p in (bundle / "onnx").glob("*")} | \
+            {p.name: p.stat().st_size for p in (bundle / "gguf").glob("*")}
+        report["models"][name] = {"config": CONFIGS[name], "export_s": export_s, "files": sizes,
+                                  "bench": json.loads(out.read_text())}
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(name, "done")
+
+
+if __name__ == "__main__":
+    main()
