@@ -90,6 +90,30 @@ def build_tiny_model(out: Path, seed: int = 0, hidden: int = 64) -> Path:
     return out
 
 
+# What makes a test integration-tier: it runs a model (a fixture that builds, exports or
+# serves one). Everything else is unit-tier unless marked e2e or in the install module.
+HEAVY_FIXTURES = {"tiny_model", "tasks_file", "bundle_fp32", "bundle_int4", "bundle_q8kv",
+                  "bundle_optimum", "server", "client", "local", "cluster", "built", "llm",
+                  "llama_dir", "arch", "peft_bundle", "ref", "default_bundle"}
+# modules whose tests build or export models themselves (or reach bundles by getfixturevalue)
+INTEGRATION_MODULES = {"test_architectures", "test_gguf_convert", "test_parity", "test_ort_cache",
+                       "test_train", "test_llama_backend", "test_gguf_kv", "test_prefix_store",
+                       "test_quantize", "test_eval", "test_cli", "test_peft"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("e2e"):
+            continue
+        if item.module.__name__.endswith("test_install"):
+            item.add_marker(pytest.mark.install)
+        elif (HEAVY_FIXTURES & set(item.fixturenames) or item.get_closest_marker("integration")
+              or item.module.__name__.rsplit(".", 1)[-1] in INTEGRATION_MODULES):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefix_edge_home(tmp_path_factory):
     """Keep the tests' default bundle and hash cache out of the user's real cache dir."""
