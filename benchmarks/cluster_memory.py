@@ -83,8 +83,8 @@ def main() -> None:
         for _ in range(20):
             c = json.loads(httpx.get(base + "/health").headers["x-prefix-edge-counters"])
             counters[c["replica"]] = c
-        prefix_mb = {t: round(sum(p.bytes for p in Manifest.read(bundle).tasks[t].prefixes.values()
-                                  if True) / 1e6, 2) for t in tasks}
+        manifest = Manifest.read(bundle)
+        prefix_mb = {t: round(sum(p.bytes for p in manifest.tasks[t].prefixes.values()) / 1e6, 2) for t in tasks}
         report = {"date": time.strftime("%Y-%m-%d"), "bundle": str(bundle), "backend": a.backend,
                   "replicas": a.replicas, "tasks": len(tasks), "startup_s": startup_s,
                   "rss_mb_no_task": empty, "rss_mb_all_tasks_asked": loaded,

@@ -20,7 +20,7 @@ from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .text import TextStream, TokenBytes
-from .tools import check_tools, constraint_options, guide, native, read_call
+from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
 DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                             "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
@@ -245,5 +245,5 @@ class Requests:
             prefix_cached=r.prefix_cached, finish_reason=finish,
             cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
         text = "".join(r.chunks)
-        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools, finish in ("eos", "stop")))
+        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools, finish in ENDED))
 

@@ -207,6 +207,50 @@ def _whole_call(text: str, spec: ToolSpec) -> list[dict] | None:
     return [{"id": new_id(), "type": "function", "function": {"name": obj["name"], "arguments": raw}}]
 
 
+ENDED = ("eos", "stop")  # finish reasons of an answer that ended by itself: a call in it is whole
+
+
+class AnswerRouter:
+    """As an answer with tools offered streams: is it text or a call? Text is held while it could
+    still be a call; a guided answer (constrained, `ToolSpec.guided`) is a call once it starts
+    with `{`, streamed through a CallWriter; any other becomes a call only at its end, if
+    read_call reads one. feed()/end() return (text to send now, call deltas to send now)."""
+
+    def __init__(self, guided: bool):
+        self.guided, self.held, self.kind, self.writer = guided, "", None, None
+
+    @property
+    def streamed_call(self) -> bool:
+        return self.kind == "call"
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        if self.kind == "text":
+            return text, []
+        if self.kind == "call":
+            return "", self.writer.feed(text)
+        self.held += text
+        head = self.held.lstrip()
+        if not head or (not self.guided and head.startswith(("{", "<"))):
+            return "", []
+        held, self.held = self.held, ""
+        if self.guided and head.startswith("{"):
+            self.kind, self.writer = "call", CallWriter()
+            return "", self.writer.feed(held)
+        self.kind = "text"
+        return held, []
+
+    def end(self) -> tuple[str, list[dict]]:
+        """What is left at the answer's end: the rest of a streamed call, or the text held (a
+        call cut before its name was written is text)."""
+        if self.kind == "call":
+            if self.writer.name is not None:
+                return "", self.writer.end()
+            self.kind = "text"
+            return self.writer.text, []
+        held, self.held = self.held, ""
+        return held, []
+
+
 class CallWriter:
     """A guided call as it is written: OpenAI tool_call deltas, first the id and name, then the
     arguments in fragments. The last `}` (the call object's close) and any whitespace after a

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from ..runtime.tools import CallWriter
+from ..runtime.tools import ENDED, AnswerRouter
 from .schema import ApiError, chat_messages, check_strings, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -244,7 +244,7 @@ class Completions:
             choice: dict[str, Any] = {"index": i, "finish_reason": FINISH.get(r.stats.finish_reason, "stop")}
             lp = r.logprobs if handles[i].logprobs_on else None
             if chat and r.tool_calls:  # a call cut by max_tokens keeps finish "length"
-                if r.stats.finish_reason in ("eos", "stop"):
+                if r.stats.finish_reason in ENDED:
                     choice["finish_reason"] = "tool_calls"
                 choice.update(message={
                     "role": "assistant", "content": None, "refusal": None, "tool_calls": r.tool_calls})
@@ -288,11 +288,8 @@ class Completions:
             return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
 
         results = [None] * len(handles)
-        # tools offered: an answer that may be a call is held until it is clearly text, or ends;
-        # a guided one (constrained: tools.guide) is a call once it starts with "{", streamed
-        mode = [("guided" if h.tools_guided else "held") if chat and h.tools_offered else "text" for h in handles]
-        held = [""] * len(handles)
-        writers: list = [None] * len(handles)
+        # tools offered: text or a call, decided as the answer streams (tools.AnswerRouter)
+        routers = [AnswerRouter(h.tools_guided) if chat and h.tools_offered else None for h in handles]
 
         def calls(i: int, deltas: list) -> str:
             return frame([{"index": i, "delta": {"tool_calls": deltas}, "logprobs": None, "finish_reason": None}])
@@ -305,39 +302,25 @@ class Completions:
                     metrics.count(model, 500)
                     yield failure(str(value), "server_error", None)
                     return
+                router = routers[i]
                 if what == "text":
-                    if mode[i] == "call":
-                        deltas = writers[i].feed(value)
-                        if deltas:
-                            yield calls(i, deltas)
-                        continue
-                    if mode[i] != "text":
-                        held[i] += value
-                        head = held[i].lstrip()
-                        if not head or (mode[i] == "held" and head.startswith(("{", "<"))):
-                            continue
-                        if mode[i] == "guided" and head.startswith("{"):
-                            mode[i], writers[i] = "call", CallWriter()
-                            deltas = writers[i].feed(held[i])
-                            if deltas:
-                                yield calls(i, deltas)
-                            continue
-                        mode[i], value, held[i] = "text", held[i], ""
-                    yield frame([delta(i, value, None)])
+                    text, deltas = router.feed(value) if router else (value, [])
+                    if deltas:
+                        yield calls(i, deltas)
+                    if text:
+                        yield frame([delta(i, text, None)])
                     continue
                 results[i] = value
                 stopped = value.stats.finish_reason
-                if mode[i] == "call" and writers[i].name is not None:
-                    deltas = writers[i].end()
-                    if deltas:
-                        yield calls(i, deltas)
-                elif mode[i] == "call":  # cut before the function's name: the text as it is
-                    mode[i], held[i] = "text", writers[i].text
-                elif value.tool_calls and stopped != "shutdown":  # held, and a call after all
+                text, deltas = router.end() if router else ("", [])
+                is_call = router is not None and router.streamed_call
+                if deltas:
+                    yield calls(i, deltas)
+                elif not is_call and value.tool_calls and stopped != "shutdown":  # held: a call after all
                     yield calls(i, [{"index": k, **c} for k, c in enumerate(value.tool_calls)])
-                    mode[i] = "call"
-                if held[i] and mode[i] != "call":
-                    yield frame([delta(i, held[i], None)])
+                    is_call = True
+                if text and not is_call:
+                    yield frame([delta(i, text, None)])
                 if stopped == "shutdown":  # never a silent cut: the client sees why
                     metrics.count(model, 503)
                     yield failure("the server shut down before this answer finished", "server_error",
@@ -345,8 +328,8 @@ class Completions:
                     return
                 metrics.observe(model, value)
                 finish = FINISH.get(stopped, "stop")
-                if mode[i] == "call":
-                    finish = "tool_calls" if value.tool_calls and stopped in ("eos", "stop") else finish
+                if is_call:
+                    finish = "tool_calls" if value.tool_calls and stopped in ENDED else finish
                     yield frame([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
                 else:
                     yield frame([delta(i, None, finish)])

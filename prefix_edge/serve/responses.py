@@ -25,9 +25,9 @@ from typing import Any
 from fastapi import Request
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..runtime.tools import AnswerRouter
 from .completions import (DISCONNECTED, LogprobFormat, admit, read_body, sse, start, task_of,
                           watch_disconnect)
-from ..runtime.tools import CallWriter
 from .schema import ApiError, completion_params, response_format
 
 MAX_STORED = 256
@@ -242,41 +242,40 @@ class Responses:
             start_resp = self._response(rid, mid, model, body, "in_progress", None)
             yield event("response.created", response=start_resp)
             yield event("response.in_progress", response=start_resp)
-            source, writer, broke = None, None, False
-            if h.tools_offered:  # a call or a message: held until it is clearly one (tools.guide)
-                held = ""
-                async for chunk in h:
-                    if writer is not None:
-                        deltas = writer.feed(chunk)
+            router = AnswerRouter(h.tools_guided) if h.tools_offered else None
+            source, rest = [], router is None  # rest: stream the remaining chunks as the message
+
+            def call_events(deltas: list):
+                for d in deltas:  # the head of a call (its id and name), then argument fragments
+                    fc = "fc_" + router.writer.id[5:]
+                    if d.get("id"):
+                        yield event("response.output_item.added", output_index=0, item={
+                            "type": "function_call", "id": fc, "call_id": router.writer.id,
+                            "status": "in_progress", "name": router.writer.name, "arguments": ""})
                     else:
-                        held += chunk
-                        head = held.lstrip()
-                        if not head or (not h.tools_guided and head.startswith(("{", "<"))):
-                            continue
-                        if not (h.tools_guided and head.startswith("{")):
-                            broke = True
-                            break  # text: streamed as a message from here
-                        writer = CallWriter()
-                        deltas = writer.feed(held)
-                    if deltas and "id" in deltas[0]:
-                        item = {"type": "function_call", "id": "fc_" + writer.id[5:], "call_id": writer.id,
-                                "status": "in_progress", "name": writer.name, "arguments": ""}
-                        yield event("response.output_item.added", output_index=0, item=item)
-                        deltas = deltas[1:]
-                    for d in deltas or ():
-                        yield event("response.function_call_arguments.delta", item_id="fc_" + writer.id[5:],
-                                    output_index=0, delta=d["function"]["arguments"])
-                source = [held] if held else []
+                        yield event("response.function_call_arguments.delta", item_id=fc, output_index=0,
+                                    delta=d["function"]["arguments"])
+
+            if router is not None:  # a call or a message: held until it is clearly one
+                async for chunk in h:
+                    text, deltas = router.feed(chunk)
+                    for e in call_events(deltas):
+                        yield e
+                    if text:  # a message: streamed from here
+                        source, rest = [text], True
+                        break
+                else:
+                    text, deltas = router.end()
+                    for e in call_events(deltas):
+                        yield e
+                    source = [text] if text else []
             r = h.result
-            if writer is not None and writer.name is not None:
-                for d in writer.end():
-                    yield event("response.function_call_arguments.delta", item_id="fc_" + writer.id[5:],
-                                output_index=0, delta=d["function"]["arguments"])
+            streamed = router is not None and router.streamed_call
             if r is not None and r.tool_calls and r.stats.finish_reason != "shutdown":
                 resp = self._response(rid, mid, model, body, "completed", None, r,
-                                      writer.id if writer is not None and writer.name else None)
+                                      router.writer.id if streamed else None)
                 for k, item in enumerate(resp["output"]):
-                    if writer is None or writer.name is None:
+                    if not streamed:
                         yield event("response.output_item.added", output_index=k,
                                     item={**item, "arguments": "", "status": "in_progress"})
                         yield event("response.function_call_arguments.delta", item_id=item["id"],
@@ -289,16 +288,16 @@ class Responses:
                 yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
                             response=resp)
                 return
-            if writer is not None:
-                source = [writer.text]
+            if streamed:  # written as a call, not read as one (cut by a stop string): the text
+                source = [router.writer.text]
             yield event("response.output_item.added", output_index=0, item={
                 "type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
             yield event("response.content_part.added", **where,
                         part={"type": "output_text", "text": "", "annotations": []})
-            for chunk in source or ():
+            for chunk in source:
                 parts.append(chunk)
                 yield event("response.output_text.delta", **where, delta=chunk, logprobs=[])
-            if source is None or broke:
+            if rest:
                 async for chunk in h:
                     parts.append(chunk)
                     lp = []
