@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prefix_edge.bench_concurrency import SENT
+from prefix_edge.bench.concurrency import SENT
 
 def bench_bundle() -> Path:
     from prefix_edge.export.source import default_model_path

@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge.cli.eval import demo_data
-    from prefix_edge.datafile import read_jsonl
+    from prefix_edge.tasks.datafile import read_jsonl
     from prefix_edge.evaluation.metrics import guess_metric
     from prefix_edge.evaluation.run import eval_bundle
     from prefix_edge.export.build import export_bundle

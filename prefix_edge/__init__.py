@@ -4,7 +4,7 @@ The runtime (``Runtime``) needs only numpy, onnxruntime and tokenizers: no torch
 """
 
 from .errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from .runtime.generate import Runtime
+from .runtime.runtime import Runtime
 from .runtime.stream import AsyncStream, Result, Stats, Stream
 
 __all__ = ["AsyncStream", "PrefixEdgeError", "Result", "Runtime", "RuntimeBusy", "RuntimeClosed", "Stats", "Stream"]

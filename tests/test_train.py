@@ -92,9 +92,9 @@ def test_train_loads_in_peft_and_learns(model, data, tmp_path, kind, peft_type):
 def _held_out(model, peft_model, path, batch_size=8):
     from transformers import AutoTokenizer
 
-    from prefix_edge.datafile import read_jsonl
-    from prefix_edge.export.train import encode
-    from prefix_edge.export.train_loop import held_out_loss
+    from prefix_edge.tasks.datafile import read_jsonl
+    from prefix_edge.tune.train import encode
+    from prefix_edge.tune.train_loop import held_out_loss
 
     tok = AutoTokenizer.from_pretrained(str(model))
     eos = peft_model.config.eos_token_id
@@ -109,7 +109,7 @@ def test_init_text_is_that_text_as_a_prefix(model, data, tmp_path, kind):
     import torch
     from transformers import AutoTokenizer
 
-    from prefix_edge.export.train import train_adapter
+    from prefix_edge.tune.train import train_adapter
 
     init = "Classify the sentiment."
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -156,7 +156,7 @@ def _tensors(adapter):
 def test_early_stopping_keeps_the_best_state(model, data, tmp_path):
     """Held-out text unlike the training outputs: its loss soon rises, training stops before the
     budget, and the adapter written is the state with the best held-out loss."""
-    from prefix_edge.export.train import train_adapter
+    from prefix_edge.tune.train import train_adapter
 
     other = _write(tmp_path / "other.jsonl", [{"input": r["input"], "output": "Pack my box with five dozen jugs."}
                                              for r in _rows(8, 1)])
@@ -178,7 +178,7 @@ def test_early_stopping_keeps_the_best_state(model, data, tmp_path):
 def test_resume_equals_uninterrupted(model, data, tmp_path, kind):
     """Checkpoint every 2 steps, stop after 5 (the last checkpoint is step 4), resume: the adapter,
     losses and held-out curve equal those of one uninterrupted run."""
-    from prefix_edge.export.train import train_adapter
+    from prefix_edge.tune.train import train_adapter
 
     kw = dict(kind=kind, virtual_tokens=4, steps=9, lr=LR[kind], batch_size=5, template=TEMPLATE,
               held_out=0.25, eval_every=3, progress=False)
@@ -198,7 +198,7 @@ def test_resume_equals_uninterrupted(model, data, tmp_path, kind):
 
 def test_checkpoint_with_other_settings_is_refused(model, data, tmp_path):
     from prefix_edge.errors import PrefixEdgeError
-    from prefix_edge.export.train import train_adapter
+    from prefix_edge.tune.train import train_adapter
 
     out, ckpt = tmp_path / "a", tmp_path / "ck"
     kw = dict(kind="prefix", virtual_tokens=4, steps=6, lr=0.05, batch_size=4, template=TEMPLATE,

@@ -7,9 +7,7 @@ import sys
 import typer
 
 from ..errors import PrefixEdgeError, disk_full
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Run task-specialised language models with precomputed KV prefixes.")
+from .app import app
 
 
 def _register() -> None:

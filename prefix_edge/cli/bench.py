@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 
 TARGETS = {  # the ratios this project holds itself to (README, Performance)
     "ttft_speedup": {1024: 30.0, 4096: 60.0},
@@ -37,7 +37,7 @@ def bench(
 ) -> None:
     """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS;
     or, with --concurrency, the engine under many requests at once."""
-    from ..bench import run_bench
+    from ..bench.measure import run_bench
     from ..bundle import Manifest
     from ..errors import PrefixEdgeError
     from ..paths import default_bundle
@@ -55,7 +55,7 @@ def bench(
     except ValueError:
         raise PrefixEdgeError(f"--prefix-lengths must be integers, got {prefix_lengths!r}") from None
     if concurrency:
-        from ..bench_concurrency import run_all
+        from ..bench.concurrency import run_all
 
         report = run_all(root, names, threads, log=lambda m: typer.echo(m, err=True))
         typer.echo(json.dumps(report, indent=1))

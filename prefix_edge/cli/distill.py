@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 
 
 @app.command()
@@ -31,7 +31,7 @@ def distill(
     force: bool = typer.Option(False, "--force", help="Replace an existing --out adapter."),
 ) -> None:
     """Distill a long text task into a short trained prefix that answers as the prompt does."""
-    from ..export.distill import distill as run
+    from ..tune.distill import distill as run
 
     r = run(task, inputs, out, tasks_file=tasks_file, base=base, eval_inputs=eval_inputs, name=name, kind=kind,
             virtual_tokens=virtual_tokens, steps=steps, lr=lr, batch_size=batch_size, seed=seed, init=init,

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 from ..runtime.cpus import cpu_features
 
 def _ort_cache() -> dict | None:

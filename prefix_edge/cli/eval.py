@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..errors import PrefixEdgeError
-from . import app
+from .app import app
 
 DEMO_SUFFIXES = ("_tuned", "_distilled", "_prompt")
 
@@ -43,10 +43,10 @@ def eval_(
 ) -> None:
     """Score a task on example lines: score, valid-answer rate, mean TTFT and decode tok/s per backend."""
     from ..bundle import Manifest
-    from ..datafile import read_jsonl
+    from ..tasks.datafile import read_jsonl
     from ..evaluation.metrics import METRICS, guess_metric
     from ..evaluation.run import eval_bundle
-    from ..export.progress import bars
+    from ..progress import bars
     from ..paths import default_bundle
 
     root = bundle or default_bundle()

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 
 
 @app.command()

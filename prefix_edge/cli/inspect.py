@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 
 
 def _manifest(bundle: Optional[Path]):

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..errors import PrefixEdgeError
-from . import app
+from .app import app
 
 
 def read_input(text: Optional[str]) -> str:
@@ -51,7 +51,7 @@ def run(
     save: Optional[Path] = typer.Option(None, "--save", help="--chat: keep the conversation in this file (written after every turn; resumed from it when it exists)."),
 ) -> None:
     """Run one task on INPUT, decoding from the task's baked prefix (or chat with --chat)."""
-    from ..runtime.generate import Runtime
+    from ..runtime.runtime import Runtime
 
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                 min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,

@@ -9,7 +9,7 @@ import typer
 
 from ..serve.lifecycle import GRACE
 from ..serve.limits import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY, MAX_CONNECTIONS
-from . import app
+from .app import app
 
 
 @app.command()
@@ -64,7 +64,7 @@ def serve(
         from ..serve.app import create_app
     except ImportError:
         raise PrefixEdgeError("the server needs its extra: pip install 'prefix-edge[serve]'") from None
-    from ..runtime.generate import Runtime
+    from ..runtime.runtime import Runtime
     from ..serve.lifecycle import bind, make_server
     from ..serve.limits import protocol_class, raise_fd_limit
 

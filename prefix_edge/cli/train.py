@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from . import app
+from .app import app
 
 
 @app.command()
@@ -34,7 +34,7 @@ def train(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", hidden=True, help="Stop as if interrupted after N steps of this run (tests)."),
 ) -> None:
     """Train a PEFT prefix-tuning, prompt-tuning, P-tuning or cartridge adapter on CPU for a `kind = "peft"` task."""
-    from ..export.train import train_adapter
+    from ..tune.train import train_adapter
 
     info = train_adapter(base, data, out, kind=kind, virtual_tokens=virtual_tokens, steps=steps, lr=lr,
                          init_text=init_text, template=template, batch_size=batch_size, seed=seed,

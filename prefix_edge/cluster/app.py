@@ -37,7 +37,7 @@ def _replica_deployment(k: int):
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class TaskReplica:
         def __init__(self, bundle: str, runtime_opts: dict):
-            from ..runtime.generate import Runtime
+            from ..runtime.runtime import Runtime
             from ..serve.app import create_app
 
             self.rt = Runtime.open(bundle, prefix_cache_size=max(k, 1), **runtime_opts)

@@ -1,5 +1,5 @@
 """The fp32 reference for `prefix-edge eval --reference`: the task rebuilt from its source (task
-file + base model, + PEFT adapter) in transformers (export/hf_task.py).
+file + base model, + PEFT adapter) in transformers (tune/hf_task.py).
 
 The source must be the one the bundle was exported from: the task's rendering (chat, wrapping,
 template), its prefix token ids and its adapter's sha256 are compared with the bundle, and any
@@ -13,12 +13,12 @@ from pathlib import Path
 from ..bundle import Manifest, layout, prefixfile
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks
-from ..runtime.generate import task_options
+from ..runtime.runtime import task_options
 from .run import Answer
 
 
 def check_same_task(hf, root: Path, manifest: Manifest, task: str, what: str) -> None:
-    """Refuse unless `hf` (an export.hf_task.HFTask) is the bundle's `task`: the same kind,
+    """Refuse unless `hf` (an tune.hf_task.HFTask) is the bundle's `task`: the same kind,
     rendering, prefix token ids and adapter."""
     info, spec, r = manifest.tasks[task], hf.spec, hf.rendered
     baked = prefixfile.read_ids(layout.confined(root, next(iter(info.prefixes.values())).file)).tolist()
@@ -39,7 +39,7 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
 
     if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")):
         raise PrefixEdgeError("--reference needs the export extra: pip install 'prefix-edge[export]'")
-    from ..export.hf_task import HFTask
+    from ..tune.hf_task import HFTask
     from ..export.source import DEFAULT_GGUF, default_model_path
     from ..paths import default_tasks_file
 

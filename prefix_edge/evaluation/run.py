@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..datafile import Example
+from ..tasks.datafile import Example
 from ..errors import PrefixEdgeError
 from .metrics import scorer
 
@@ -69,7 +69,7 @@ def evaluate(label: str, generate: Callable[[str], Answer], data: list[Example],
 
 def eval_bundle(bundle: Path | None, task: str, backend: str, data: list[Example], metric: str,
                 threads: int | None = None, bar=None, constrain: bool = True) -> Summary:
-    from ..runtime.generate import Runtime
+    from ..runtime.runtime import Runtime
 
     with Runtime.open(bundle, backend=backend, threads=threads, slots=1) as rt:
         if task not in rt.tasks:

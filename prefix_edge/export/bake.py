@@ -22,7 +22,7 @@ import numpy as np
 
 from ..bundle import Manifest, ModelInfo, TaskPrefixFile, layout, sha256_file
 from ..errors import PrefixEdgeError
-from ..runtime.backend import Prefix
+from ..runtime.prefix import Prefix
 from ..tasks import RenderedTask
 
 from ..bundle.prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402

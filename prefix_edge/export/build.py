@@ -18,7 +18,7 @@ from ..chat_template import template_specials
 from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, layout, sha256_file
 from ..errors import PrefixEdgeError, disk_full
 from ..tasks import load_tasks, render_task, text_hash
-from .progress import Stages
+from ..progress import Stages
 
 FORMATS = ("onnx", "gguf")
 DEFAULT_FORMATS = ("onnx", "gguf")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,8 +29,26 @@ from ..errors import PrefixEdgeError
 from .chat import check_messages
 
 if TYPE_CHECKING:
-    from .generate import Runtime
+    from ..bundle import Manifest
     from .stream import Result, Stream
+    from .turn_cache import TurnCache
+
+
+class Runtime(Protocol):
+    """What a Conversation uses of its runtime (runtime.py's Runtime; named here so that this
+    module does not import that one, which creates conversations)."""
+
+    manifest: "Manifest"
+    fingerprint: str
+    prefill_chunk: int
+    turns: "TurnCache"
+    backend: Any
+
+    def options(self, task: str | None, overrides: dict) -> dict: ...
+
+    def stream(self, task: str | None, text: str | None = None, **kw) -> "Stream": ...
+
+    def chat_input(self, task: str | None, messages: list) -> tuple: ...
 
 FORMAT = "prefix-edge-conversation/1"
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
-from .backend import Prefix
+from .prefix import Prefix
 from .seqstate import all_finite, check_seq_state, in_stream, out_of_stream, parse_seq_state, row_bytes
 
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
-from .backend import Prefix
+from .prefix import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 

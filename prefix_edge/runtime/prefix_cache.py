@@ -9,7 +9,8 @@ from pathlib import Path
 from ..bundle import prefixfile
 from ..bundle import Manifest
 from ..errors import PrefixEdgeError
-from .backend import Backend, Prefix
+from .backend import Backend
+from .prefix import Prefix
 
 
 class PrefixCache:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import Prefix
+from .prefix import Prefix
 from .sampling import Sampler
 from .text import TextStream
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
-from .backend import Prefix
+from .prefix import Prefix
 from .request import Request
 from .sampling import token_logprobs
 

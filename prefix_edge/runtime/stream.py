@@ -5,10 +5,9 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from .generate import Runtime
     from .request import Request
 
 
@@ -41,10 +40,14 @@ class Result:
 class Stream:
     """One request's text chunks, as they are generated. Iterate it (any thread), or cancel it
     from any thread: the stream then ends with `result.stats.finish_reason == "cancelled"` and
-    its sequence is freed at the engine's next step. `result` is set once it has ended."""
+    its sequence is freed at the engine's next step. `result` is set once it has ended.
 
-    def __init__(self, rt: "Runtime", req: Request):
-        self._rt, self._req = rt, req
+    finish(req, finish_reason) -> Result and cancel(req, reason) are the runtime's (the stream
+    knows nothing else of it)."""
+
+    def __init__(self, req: Request, finish: Callable[["Request", str], "Result"],
+                 cancel: Callable[["Request", str], None]):
+        self._req, self._finish, self._cancel = req, finish, cancel
         self.result: Result | None = None
         self._ended = False
         self.on_end = None  # fn(Result or None on error), once, in the consumer's thread
@@ -74,8 +77,7 @@ class Stream:
         if kind == "error":
             self._ended_with(None)
             raise value
-        self.result = self._rt._result(self._req, value)
-        self._rt.last_result = self.result
+        self.result = self._finish(self._req, value)
         self._ended_with(self.result)
         raise StopIteration
 
@@ -100,7 +102,7 @@ class Stream:
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop this request (safe from any thread, also during its prefill)."""
-        self._rt._sched.cancel(self._req, reason)
+        self._cancel(self._req, reason)
 
     @property
     def done(self) -> bool:
@@ -119,7 +121,7 @@ class Stream:
     def __del__(self):  # an abandoned stream must not keep its sequence busy
         try:
             if not self._ended and self._req.cancel_reason is None:
-                self._rt._sched.cancel(self._req)
+                self._cancel(self._req, "cancelled")
         except Exception:
             pass
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Prefix
+from .prefix import Prefix
 
 DEFAULT_BYTES = 256 << 20
 

@@ -1,11 +1,11 @@
 """`prefix-edge distill`: a long text task → a short trained prefix (context distillation).
 
 The teacher is the text task (its system prompt / examples as a prefix) with the task's own
-decoding options, run in transformers at fp32 (export/hf_task.py; the default) or, faster,
+decoding options, run in transformers at fp32 (tune/hf_task.py; the default) or, faster,
 through a bundle's copy of the task (`--teacher gguf|onnx`: the deployed model answers, 4 inputs
 at a time; the bundle's task is checked to be the task file's). Its answers on the given inputs
 become the training targets of a prefix-tuning (or cartridge) adapter of V virtual tokens on the
-same base model (export/train.py): sequence-level distillation. The student sees the input
+same base model (tune/train.py): sequence-level distillation. The student sees the input
 wrapped exactly as the teacher's user turn was (chat markup included), so its task is a `peft`,
 `chat = false` task whose template is that wrapping, and it keeps the teacher's decoding options.
 By default the prefix starts as the KV of the teacher prompt's first V tokens.
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..datafile import Example, read_jsonl, write_jsonl
+from ..tasks.datafile import Example, read_jsonl, write_jsonl
 from ..errors import PrefixEdgeError
 from ..tasks import TaskSpec, load_tasks
 
@@ -72,7 +72,7 @@ def _bundle_teacher(bundle: Path | None, backend: str, task: str, hf):
     from ..bundle import Manifest
     from ..evaluation.reference import check_same_task
     from ..paths import default_bundle
-    from ..runtime.generate import Runtime
+    from ..runtime.runtime import Runtime
 
     root = Path(bundle) if bundle is not None else default_bundle()
     if not (root / "manifest.json").is_file():
@@ -109,10 +109,10 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
             seed: int = 0, init: str = "prompt", teacher: str = "fp32", bundle: Path | None = None,
             force: bool = False, progress: bool = True) -> dict:
     from ..paths import default_tasks_file
-    from ..runtime.generate import task_options
+    from ..runtime.runtime import task_options
     from .hf_task import HFTask
-    from .progress import bars
-    from .source import default_model_path
+    from ..progress import bars
+    from ..export.source import default_model_path
     from .train import train_adapter
 
     if teacher not in TEACHERS:

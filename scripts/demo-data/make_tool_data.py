@@ -1,7 +1,7 @@
 """Write train and held-out data for the demo tool-use task `tool_call` (and a trained twin):
 a request → one function call as JSON, `{"name": ..., "arguments": {...}}`.
 
-    python prefix_edge/models/smollm2-135m/make_tool_data.py   # rewrites data/tool_call.{train,heldout}.jsonl
+    python scripts/demo-data/make_tool_data.py   # rewrites data/tool_call.{train,heldout}.jsonl
 
 Functions (the tasks' system prompt and JSON schema spell the same three):
   get_weather(city: string, unit: "C" | "F")     unit "F" only when the request says Fahrenheit
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
+from task_data_common import DATA
 
 NUM = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
 POOLS = {
@@ -74,7 +74,8 @@ def example(rng: random.Random, pool: dict) -> dict:
 
 
 def main() -> None:
-    data = Path(__file__).resolve().parent / "data"
+    data = DATA
+    data.mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", 320, 11), ("heldout", 50, 12)):
         rng = random.Random(seed)
         rows, seen = [], set()

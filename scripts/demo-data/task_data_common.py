@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
+# The demo data travels with the package (prefix_edge/models/smollm2-135m/data); these scripts are
+# not part of it. $DEMO_DATA_DIR writes elsewhere (tests/test_demo_data.py: the files are reproducible).
+DATA = Path(os.environ.get("DEMO_DATA_DIR")
+            or Path(__file__).resolve().parents[2] / "prefix_edge" / "models" / "smollm2-135m" / "data")
 SEEDS = {"sentiment": 31001, "translate": 31002, "support": 31003}
 
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chat_template import render_chat
-from .errors import PrefixEdgeError
+from ..chat_template import render_chat
+from ..errors import PrefixEdgeError
 
 GEN_KEYS = {
     "max_tokens": int,

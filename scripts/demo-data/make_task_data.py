@@ -3,7 +3,7 @@
 train a prefix for each. Every line is {"input": str, "output": str}; the input is what fills the
 task's template, the output is the one correct answer.
 
-    python prefix_edge/models/smollm2-135m/make_task_data.py   # rewrites data/<task>.{train,heldout}.jsonl
+    python scripts/demo-data/make_task_data.py   # rewrites data/<task>.{train,heldout}.jsonl
 
 (The `order_json` data, data/order_json.train.jsonl and data/order_json.heldout.jsonl, is written by
 make_data.py; this script does not touch it.)

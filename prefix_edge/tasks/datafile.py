@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PrefixEdgeError
+from ..errors import PrefixEdgeError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Write the demo dataset for the trained `order_json` task: short customer order messages
 turned into one line of JSON with exactly the keys name, product, quantity, city.
 
-    python prefix_edge/models/smollm2-135m/make_data.py      # rewrites data/order_json.train.jsonl and data/order_json.heldout.jsonl
+    python scripts/demo-data/make_data.py      # rewrites data/order_json.train.jsonl and data/order_json.heldout.jsonl
 
 Rules the model has to learn (the answer is always this shape, keys in this order):
   name      the customer's name as written ("Maria Lopez", "Tom"), or null
@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
+from task_data_common import DATA
 
 SEED = 20261
 N_TRAIN, N_HELDOUT = 320, 50
-HERE = Path(__file__).resolve().parent
 
 FIRST = {
     "train": ["Maria", "Tom", "Jan", "Aisha", "Lukas", "Sofia", "Kenji", "Olivia", "Mateo", "Priya",
@@ -164,8 +163,9 @@ def main() -> None:
         if ex["input"] not in seen:
             seen.add(ex["input"])
             heldout.append(ex)
-    for name, rows in (("data/order_json.train.jsonl", train), ("data/order_json.heldout.jsonl", heldout)):
-        with open(HERE / name, "w", encoding="utf-8") as f:
+    for name, rows in (("order_json.train.jsonl", train), ("order_json.heldout.jsonl", heldout)):
+        DATA.mkdir(parents=True, exist_ok=True)
+        with open(DATA / name, "w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
         print(f"{name}: {len(rows)} examples")

@@ -35,10 +35,10 @@ class HFTask:
             from transformers.utils import logging as hf_logging
         except ImportError:
             raise PrefixEdgeError("this needs the export extra: pip install 'prefix-edge[export]'") from None
-        from .bake import prefix_ids
-        from .peft import read_adapter
+        from ..export.bake import prefix_ids
+        from ..export.peft import read_adapter
         from ..chat_template import template_specials
-        from .source import eos_ids, prepare_hf_dir
+        from ..export.source import eos_ids, prepare_hf_dir
 
         hf_logging.set_verbosity_error()
         self._work = tempfile.TemporaryDirectory(prefix="prefix-edge-hf-")
@@ -75,7 +75,7 @@ class HFTask:
         return self.tok.encode(full, add_special_tokens=False).ids
 
     def generate(self, text: str, opts: dict) -> Generated:
-        """Decode `text` with the resolved options `opts` (runtime.generate.DEFAULTS + task)."""
+        """Decode `text` with the resolved options `opts` (runtime.runtime.DEFAULTS + task)."""
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
         torch = self.torch

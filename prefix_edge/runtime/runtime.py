@@ -238,7 +238,11 @@ class Runtime(Requests):
             sib = self._sibling(req, i, overrides)
             req.siblings.append(sib)
         self._sched.submit(req)
-        return [Stream(self, r) for r in [req, *req.siblings]]
+        return [Stream(r, self._finished, self._sched.cancel) for r in [req, *req.siblings]]
+
+    def _finished(self, req, finish_reason: str) -> Result:
+        self.last_result = self._result(req, finish_reason)
+        return self.last_result
 
     def astream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
                 **overrides) -> AsyncStream:

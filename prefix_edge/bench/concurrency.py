@@ -54,15 +54,15 @@ def pick_tasks(manifest) -> tuple[str, str, str]:
     text = sorted((t for t, i in manifest.tasks.items() if not i.n_virtual),
                   key=lambda t: -manifest.tasks[t].prefix_tokens)
     if not text:
-        from .errors import PrefixEdgeError
+        from ..errors import PrefixEdgeError
 
         raise PrefixEdgeError("the concurrency bench needs a bundle with at least one text task")
     return tuple((text * 3)[:3])
 
 
 def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv: bool = False) -> dict:
-    from . import Runtime
-    from .bundle import Manifest
+    from .. import Runtime
+    from ..bundle import Manifest
 
     LONG, MID, SHORT = names = pick_tasks(Manifest.read(bundle))
     out: dict = {"tasks": {n: Manifest.read(bundle).tasks[n].prefix_tokens for n in names}}

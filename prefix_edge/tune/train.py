@@ -35,9 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..datafile import Example, read_jsonl
+from ..tasks.datafile import Example, read_jsonl
 from ..errors import PrefixEdgeError
-from .progress import bars
+from ..progress import bars
 from .train_loop import CKPT_FILE, Plan, fit, held_out_loss, read_checkpoint, remove_checkpoint
 
 KINDS = {"prefix": "PREFIX_TUNING", "prompt": "PROMPT_TUNING", "p-tuning": "P_TUNING",
@@ -147,7 +147,7 @@ def _load(base: Path, work: Path, kind: str, n: int, init_text: str | None, seed
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .source import prepare_hf_dir
+    from ..export.source import prepare_hf_dir
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(seed)
@@ -213,7 +213,7 @@ def train_adapter(base: Path | None, data: Path, out: Path, *, kind: str = "pref
     if patience and eval_every is None:
         eval_every = max(1, steps // 10)
     if base is None:
-        from .source import default_model_path
+        from ..export.source import default_model_path
         base = default_model_path()
     base = Path(base)
     if not base.exists():

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Manifest
-from .errors import PrefixEdgeError
+from ..bundle import Manifest
+from ..errors import PrefixEdgeError
 
 # Deterministic filler text for synthetic prefixes of any length (tokenized by the bundle's
 # tokenizer; only the token count matters for timing).
@@ -70,9 +70,9 @@ class Bench:
         return self.bundle / next(f for f in info.files if f.endswith("." + backend))
 
     def open(self, backend: str, n_ctx: int):
-        from .runtime.backend import open_backend
+        from ..runtime.backend import open_backend
 
-        from .runtime.llama_lib import gguf_state_options
+        from ..runtime.llama_lib import gguf_state_options
 
         extra = gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
         return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx, **extra)
@@ -146,7 +146,7 @@ class Bench:
 
     # c. decode --------------------------------------------------------------------------
     def decode(self, be, n_tokens: int = 64, P: int = 128) -> dict:
-        from .runtime.text import TextStream
+        from ..runtime.text import TextStream
 
         ids = _ids(self.tokenizer, _CORPUS, P)
         prefix = be.load_prefix(self.bake(be, ids, "decode"))
@@ -177,8 +177,8 @@ class Bench:
         py = BENCH_DIR / ".venv-genai" / "bin" / "python"
         if not py.exists():
             return {"error": "not installed: run benchmarks/setup_genai.sh"}
-        from .export.source import DEFAULT_GGUF
-        from .paths import home
+        from ..export.source import DEFAULT_GGUF
+        from ..paths import home
 
         if self.manifest.model.source != DEFAULT_GGUF:
             return {"error": "only set up for the embedded default model"}

@@ -1,0 +1,6 @@
+"""The typer app every verb's module (cli/<verb>.py) adds its command to."""
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Run task-specialised language models with precomputed KV prefixes.")

@@ -1,0 +1,3 @@
+"""Making a task better: `prefix-edge train` (PEFT adapters on example pairs) and `prefix-edge
+distill` (a teacher's answers as training data). Export-only dependencies (torch, transformers,
+peft), imported by the CLI verbs when run."""
