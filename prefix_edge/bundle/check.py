@@ -56,7 +56,8 @@ def check_manifest_dict(d: dict, path: Path) -> None:
 
 
 def _check(d: dict) -> None:
-    from ..tasks import GEN_KEYS, case_collision, check_generation, task_name_problem
+    from ..options import FIELDS, check as check_options
+    from ..tasks import case_collision, task_name_problem
 
     _fields(d, "manifest", {"model": _dict, "tokenizer": _dict, "backends": _dict, "tasks": _dict,
                             "created_by": _str, "format": _str, "format_version": _int,
@@ -104,11 +105,11 @@ def _check(d: dict) -> None:
                 isinstance(x, dict) and set(x) == {"role", "content"} and _str(x["role"])
                 and _str(x["content"]) for x in v))},
             optional={"n_virtual", "adapter", "chat_messages"})
-        bad = sorted(set(t["defaults"]) - set(GEN_KEYS))
+        bad = sorted(set(t["defaults"]) - set(FIELDS))
         if bad:
             raise _Bad(f"{where}.defaults.{bad[0]} is not a generation option")
         try:
-            check_generation(t["defaults"])
+            check_options(t["defaults"])
         except PrefixEdgeError as e:
             raise _Bad(f"{where}.defaults: {e}") from None
         if not t["prefixes"]:

@@ -10,7 +10,14 @@ from typing import Optional
 import typer
 
 from ..errors import PrefixEdgeError
+from ..options import FIELDS
 from .app import app
+
+
+def _help(name: str) -> str:
+    """An option's range and meaning, from its one definition (options.py)."""
+    f = FIELDS[name]
+    return f"{f.range}{f'; {f.help}' if f.help else ''} (default: the task's, else {f.default})."
 
 
 def read_input(text: Optional[str]) -> str:
@@ -33,15 +40,15 @@ def run(
     backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto (the faster one the bundle has)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | metal (gguf) | auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="0 = greedy."),
-    top_p: Optional[float] = typer.Option(None, "--top-p"),
-    top_k: Optional[int] = typer.Option(None, "--top-k"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    min_p: Optional[float] = typer.Option(None, "--min-p"),
-    repetition_penalty: Optional[float] = typer.Option(None, "--repetition-penalty", help="1 = off."),
-    presence_penalty: Optional[float] = typer.Option(None, "--presence-penalty", help="-2..2, 0 = off."),
-    frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help="-2..2, 0 = off."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help=_help("max_tokens")),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help=_help("temperature")),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help=_help("top_p")),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help=_help("top_k")),
+    seed: Optional[int] = typer.Option(None, "--seed", help=_help("seed")),
+    min_p: Optional[float] = typer.Option(None, "--min-p", help=_help("min_p")),
+    repetition_penalty: Optional[float] = typer.Option(None, "--repetition-penalty", help=_help("repetition_penalty")),
+    presence_penalty: Optional[float] = typer.Option(None, "--presence-penalty", help=_help("presence_penalty")),
+    frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help=_help("frequency_penalty")),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
     json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="A JSON schema file: the answer is one JSON value of it (constrained decoding)."),

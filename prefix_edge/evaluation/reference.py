@@ -13,7 +13,7 @@ from pathlib import Path
 from ..bundle import Manifest, layout, prefixfile
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks
-from ..runtime.runtime import task_options
+from ..options import resolve
 from .run import Answer
 
 
@@ -58,7 +58,7 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
     except PrefixEdgeError:
         hf.close()
         raise
-    opts = task_options(manifest.tasks[task].defaults)
+    opts = resolve(manifest.tasks[task].defaults)
 
     def generate(text: str) -> Answer:
         g = hf.generate(text, opts)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from ..tasks import check_text, fill_template
+from ..options import check_text
+from ..tasks import fill_template
 from .tools import for_template, native
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
-from ..tasks import check_generation, check_text, fill_template
+from ..options import DEFAULTS, OptionError, check_text, resolve
+from ..tasks import fill_template
 from .chat import ChatRenderer, check_messages
 from .sampling import Sampler
 from .request import Request
@@ -21,18 +22,6 @@ from .stream import Result, Stats
 from .constraint import Grammars
 from .text import TextStream, TokenBytes
 from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
-
-DEFAULTS: dict[str, Any] = {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                            "seed": None, "stop": [], "min_p": 0.0, "repetition_penalty": 1.0,
-                            "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": {},
-                            "json_schema": None, "regex": None, "grammar": None}
-
-
-def task_options(defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Generation options, resolved and checked: the runtime's DEFAULTS, then a task's defaults,
-    then a request's overrides."""
-    return check_generation({**DEFAULTS, **defaults, **(overrides or {})})
-
 
 FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
@@ -43,14 +32,14 @@ class Requests:
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"}
         if unknown:
-            raise PrefixEdgeError(f"unknown generation option {sorted(unknown)[0]!r}")
+            raise OptionError(sorted(unknown)[0], f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items() if v is not None and k in DEFAULTS}
         defaults = self.manifest.tasks[task].defaults if task is not None else {}
-        opts = task_options(defaults, over)
+        opts = resolve(defaults, over)
         n_vocab = self._n_vocab
         bad = next((t for t in opts["logit_bias"] if t >= n_vocab), None)
         if bad is not None:
-            raise PrefixEdgeError(f"logit_bias: token id {bad} is outside this model's vocabulary "
+            raise OptionError("logit_bias", f"logit_bias: token id {bad} is outside this model's vocabulary "
                                   f"(0..{n_vocab - 1})")
         return opts
 

@@ -18,7 +18,7 @@ from .backend import BACKENDS, MODEL_SUFFIX, open_backend
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
-from .prepare import DEFAULTS, Requests, task_options  # noqa: F401  (their home is prepare.py)
+from .prepare import Requests
 from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
 from ..bundle.verify import file_hashes
 

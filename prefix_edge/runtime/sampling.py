@@ -32,7 +32,7 @@ class Sampler:
 
     @classmethod
     def from_options(cls, o: dict) -> "Sampler":
-        """From resolved generation options (runtime.runtime.task_options)."""
+        """From resolved generation options (options.resolve)."""
         return cls(o["temperature"], o["top_k"], o["top_p"], o["seed"], o["min_p"], o["repetition_penalty"],
                    o["presence_penalty"], o["frequency_penalty"], o["logit_bias"])
 

@@ -20,8 +20,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..options import OptionError
 from ..runtime.tools import ENDED, AnswerRouter
-from .schema import ApiError, chat_messages, check_strings, completion_params
+from .schema import ApiError, api_error, chat_messages, check_strings, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
 DISCONNECTED = 499  # counted in /metrics for a client that left before its answer
@@ -62,6 +63,8 @@ def start(rt, task, text, messages, opts: dict, n: int, param: str) -> list:
         raise
     except ContextLengthExceeded as e:
         raise ApiError(400, str(e), param, "context_length_exceeded")
+    except OptionError as e:
+        raise api_error(e)
     except PrefixEdgeError as e:
         raise ApiError(400, str(e), param_of(str(e)) or param)
 
@@ -71,14 +74,12 @@ def param_of(msg: str) -> str | None:
         return "messages"
     if msg.startswith("n must"):
         return "n"
-    if msg.startswith(("json_schema", "regex", "grammar", "constraint", "give one constraint")):
+    if msg.startswith(("json_schema", "regex", "grammar", "constraint")):
         return "response_format"
     if msg.startswith(("tools", "tool_choice")):
         return msg.split()[0].split("[")[0]
-    for name in ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "top_k", "min_p", "logprobs"):
-        if msg.startswith(name) or f" {name} " in msg:
-            return name
+    if msg.startswith("logprobs"):
+        return "logprobs"
     if "input" in msg:
         return "messages"
     return None

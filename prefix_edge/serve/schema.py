@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from ..tasks import MAX_LOGIT_BIAS  # OpenAI's cap; checked here before walking the entries
+from ..options import CONSTRAINTS, OptionError, check as check_options
 
 
 class ApiError(Exception):
@@ -46,15 +45,6 @@ def check_strings(body, where: str = "") -> None:
             stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
 
 
-def _num(body: dict, key: str, lo: float, hi: float) -> float | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise ApiError(400, f"`{key}` must be a number in [{lo}, {hi}], got {v!r}", key)
-    return float(v)
-
-
 def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     v = body.get(key)
     if v is None:
@@ -88,44 +78,7 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
     ptc = body.get("parallel_tool_calls")
     if ptc is not None and not isinstance(ptc, bool):
         raise ApiError(400, "`parallel_tool_calls` must be true or false", "parallel_tool_calls")
-    mt = _int(body, "max_completion_tokens", 1, 1 << 20)
-    mt2 = _int(body, "max_tokens", 1, 1 << 20)
-    opts["max_tokens"] = mt if mt is not None else mt2
-    opts["temperature"] = _num(body, "temperature", 0.0, 2.0)
-    opts["top_p"] = _num(body, "top_p", 0.0, 1.0)
-    if opts["top_p"] == 0.0:
-        opts["top_p"] = 1e-9  # OpenAI allows 0: the most likely token only
-    opts["presence_penalty"] = _num(body, "presence_penalty", -2.0, 2.0)
-    opts["frequency_penalty"] = _num(body, "frequency_penalty", -2.0, 2.0)
-    opts["repetition_penalty"] = _num(body, "repetition_penalty", 1e-3, 10.0)
-    opts["min_p"] = _num(body, "min_p", 0.0, 1.0)
-    opts["top_k"] = _int(body, "top_k", 0, 1 << 20)
-    opts["seed"] = _int(body, "seed", 0, 2**63 - 1)
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-            raise ApiError(400, "`stop` must be a non-empty string or a list of up to 4 of them", "stop")
-        opts["stop"] = stop
-    bias = body.get("logit_bias")
-    if bias is not None:
-        if not isinstance(bias, dict):
-            raise ApiError(400, "`logit_bias` must map token ids to numbers in [-100, 100]", "logit_bias")
-        if len(bias) > MAX_LOGIT_BIAS:
-            raise ApiError(400, f"`logit_bias` has {len(bias)} entries; at most {MAX_LOGIT_BIAS}",
-                           "logit_bias")
-        out = {}
-        for k, v in bias.items():
-            try:
-                tok = int(k)
-            except ValueError:
-                tok = -1
-            if tok < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-                raise ApiError(400, f"`logit_bias`: {k!r}: {v!r} is not a token id and a bias in [-100, 100]",
-                               "logit_bias")
-            out[tok] = float(v)
-        opts["logit_bias"] = out
+    opts.update(sampling_options(body))
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "`stream` must be true or false", "stream")
@@ -134,6 +87,34 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
         raise ApiError(400, "`stream_options` must be an object", "stream_options")
     include_usage = bool((so or {}).get("include_usage", False))
     return {k: v for k, v in opts.items() if v is not None}, stream, include_usage, n
+
+
+# OpenAI's sampling fields that are this runtime's generation options of the same name
+# (options.py: one type, range and default each, shared with task files, the CLI and the API)
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "logit_bias")
+
+
+def sampling_options(body: dict) -> dict[str, Any]:
+    """The body's sampling fields, checked as generation options (max_completion_tokens, or
+    the older max_tokens, is max_tokens)."""
+    mt = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    given = {k: body.get(k) for k in SAMPLING}
+    given["max_tokens"] = body.get(mt)
+    try:
+        return {k: v for k, v in check_options(given).items() if v is not None}
+    except OptionError as e:
+        raise api_error(e, {"max_tokens": mt}) from None
+
+
+def api_error(e: OptionError, names: dict[str, str] | None = None) -> ApiError:
+    """A generation option's error as the 400 naming the request's field (a constraint's is
+    response_format's)."""
+    field = (names or {}).get(e.field, e.field)
+    msg = str(e)
+    if msg.startswith(e.field):
+        msg = f"`{field}`{msg[len(e.field):]}"
+    return ApiError(400, msg, "response_format" if e.field in CONSTRAINTS else field)
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

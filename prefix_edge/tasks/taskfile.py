@@ -32,23 +32,11 @@ from typing import Any
 
 from ..chat_template import render_chat
 from ..errors import PrefixEdgeError
+from ..options import FIELDS, OptionError, check as check_options, check_text
 
-GEN_KEYS = {
-    "max_tokens": int,
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "seed": int,
-    "stop": list,
-    "min_p": float,
-    "repetition_penalty": float,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "logit_bias": dict,
-    "json_schema": object,  # a JSON schema (a table), or true: any JSON object
-    "regex": str,
-    "grammar": str,         # a Lark grammar (llguidance's dialect)
-}
+# a task's defaults: the generation options (options.py), with the TOML type each is written as
+GEN_KEYS = {name: {"int": int, "float": float, "stop": list, "bias": dict, "schema": object,
+                   "pattern": str}[f.kind] for name, f in FIELDS.items()}
 TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
 ALL_KEYS = TEXT_KEYS | {"adapter"}
 KINDS = {"text", "peft"}
@@ -205,9 +193,9 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         if not isinstance(s, str) or not s:
             raise _err(path, name, f"stop[{i}]", "stop entries must be non-empty strings")
     try:
-        defaults = check_generation(defaults)
-    except PrefixEdgeError as e:
-        raise _err(path, name, None, str(e)) from None
+        defaults = check_options(defaults)
+    except OptionError as e:
+        raise _err(path, name, e.field, str(e)) from None
     return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults,
                     adapter, path)
 
@@ -229,92 +217,6 @@ def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
     if not (adapter / "adapter_config.json").is_file():
         raise _err(path, name, "adapter", f"{adapter} is not a PEFT adapter dir (no adapter_config.json)")
     return adapter
-
-
-MAX_LOGIT_BIAS = 300  # entries of a logit_bias, as OpenAI's API allows
-
-
-def check_text(text: str, what: str) -> None:
-    """Text must be encodable as UTF-8: a lone surrogate (e.g. JSON's "\\ud800") is refused."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise PrefixEdgeError(f"{what} is not valid text: a lone surrogate (U+{ord(text[e.start]):04X}) "
-                              f"at character {e.start}") from None
-
-
-def check_generation(opts: dict[str, Any]) -> dict[str, Any]:
-    """Type and range checks shared by task files, the CLI, the Python API and the server.
-    Returns the options normalised (ints accepted as floats, logit_bias keys as ints)."""
-    import math
-
-    out = dict(opts)
-    for key, value in opts.items():
-        typ = GEN_KEYS.get(key)
-        if typ is None or value is None:
-            continue
-        if key == "json_schema":
-            if not isinstance(value, (bool, dict)):
-                raise PrefixEdgeError(f"json_schema must be a JSON schema (an object), true (any JSON "
-                                      f"object) or false (none, over a task's), got {value!r}")
-            continue
-        if key in ("regex", "grammar"):
-            if not isinstance(value, str) or not value:
-                raise PrefixEdgeError(f"{key} must be a non-empty string, got {value!r}")
-            continue
-        if typ is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise PrefixEdgeError(f"{key} must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise PrefixEdgeError(f"{key} must be finite, got {value!r}")
-            out[key] = float(value)
-        elif typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise PrefixEdgeError(f"{key} must be an integer, got {value!r}")
-        elif typ is list:
-            if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and x for x in value):
-                raise PrefixEdgeError(f"{key} must be a list of non-empty strings, got {value!r}")
-            for x in value:
-                check_text(x, key)
-            out[key] = list(value)
-        elif typ is dict:
-            if not isinstance(value, dict):
-                raise PrefixEdgeError(f"{key} must be a mapping of token id to bias, got {value!r}")
-            if len(value) > MAX_LOGIT_BIAS:
-                raise PrefixEdgeError(f"{key} has {len(value)} entries; at most {MAX_LOGIT_BIAS} "
-                                      "(as OpenAI's API)")
-            bias = {}
-            for k, v in value.items():
-                try:
-                    tok = int(k)
-                except (TypeError, ValueError):
-                    tok = -1
-                if isinstance(k, bool) or tok < 0 or isinstance(v, bool) or not isinstance(v, (int, float)) \
-                        or not math.isfinite(v):
-                    raise PrefixEdgeError(f"{key}: {k!r}: {v!r} is not a token id (>= 0) and a finite bias")
-                bias[tok] = float(v)
-            out[key] = bias
-    o = out
-    given = [k for k in ("json_schema", "regex", "grammar") if o.get(k) not in (None, False)]
-    if len(given) > 1:
-        raise PrefixEdgeError(f"give one constraint, not {' and '.join(given)}")
-    if o.get("max_tokens") is not None and o["max_tokens"] < 1:
-        raise PrefixEdgeError(f"max_tokens must be >= 1, got {o['max_tokens']}")
-    if o.get("temperature") is not None and o["temperature"] < 0:
-        raise PrefixEdgeError(f"temperature must be >= 0, got {o['temperature']}")
-    if o.get("top_p") is not None and not 0 < o["top_p"] <= 1:
-        raise PrefixEdgeError(f"top_p must be in (0, 1], got {o['top_p']}")
-    if o.get("top_k") is not None and o["top_k"] < 0:
-        raise PrefixEdgeError(f"top_k must be >= 0 (0 = off), got {o['top_k']}")
-    if o.get("seed") is not None and not 0 <= o["seed"] < 2**63:
-        raise PrefixEdgeError(f"seed must be in [0, 2**63), got {o['seed']}")
-    if o.get("min_p") is not None and not 0 <= o["min_p"] <= 1:
-        raise PrefixEdgeError(f"min_p must be in [0, 1], got {o['min_p']}")
-    if o.get("repetition_penalty") is not None and not 0 < o["repetition_penalty"] <= 10:
-        raise PrefixEdgeError(f"repetition_penalty must be in (0, 10] (1 = off), got {o['repetition_penalty']}")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if o.get(key) is not None and not -2 <= o[key] <= 2:
-            raise PrefixEdgeError(f"{key} must be in [-2, 2] (0 = off), got {o[key]}")
-    return out
 
 
 def fill_template(template: str, text: str) -> str:

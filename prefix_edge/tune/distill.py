@@ -109,7 +109,7 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
             seed: int = 0, init: str = "prompt", teacher: str = "fp32", bundle: Path | None = None,
             force: bool = False, progress: bool = True) -> dict:
     from ..paths import default_tasks_file
-    from ..runtime.runtime import task_options
+    from ..options import resolve
     from .hf_task import HFTask
     from ..progress import bars
     from ..export.source import default_model_path
@@ -136,7 +136,7 @@ def distill(task: str, inputs: Path, out: Path, *, tasks_file: Path | None = Non
         raise PrefixEdgeError(f"task {task!r} is a {spec.kind} task; distill takes a text task (a prompt)")
     train_in = read_jsonl(inputs, need_output=False)
     eval_in = read_jsonl(eval_inputs, need_output=False) if eval_inputs is not None else []
-    opts = task_options(spec.defaults)
+    opts = resolve(spec.defaults)
     t_start = time.perf_counter()
     hf = HFTask(spec, base)
     rt = None

@@ -75,7 +75,7 @@ class HFTask:
         return self.tok.encode(full, add_special_tokens=False).ids
 
     def generate(self, text: str, opts: dict) -> Generated:
-        """Decode `text` with the resolved options `opts` (runtime.runtime.DEFAULTS + task)."""
+        """Decode `text` with the resolved options `opts` (options.resolve: defaults + task)."""
         from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
         torch = self.torch
