@@ -94,7 +94,7 @@ def build_tiny_model(out: Path, seed: int = 0, hidden: int = 64) -> Path:
 # serves one). Everything else is unit-tier unless marked e2e or in the install module.
 HEAVY_FIXTURES = {"tiny_model", "tasks_file", "bundle_fp32", "bundle_int4", "bundle_q8kv",
                   "bundle_optimum", "server", "client", "local", "cluster", "built", "llm",
-                  "llama_dir", "arch", "peft_bundle", "ref", "default_bundle"}
+                  "llama_dir", "arch", "peft_bundle", "ref", "default_bundle", "default_home"}
 # modules whose tests build or export models themselves (or reach bundles by getfixturevalue)
 INTEGRATION_MODULES = {"test_architectures", "test_gguf_convert", "test_parity", "test_ort_cache",
                        "test_train", "test_llama_backend", "test_gguf_kv", "test_prefix_store",
@@ -125,6 +125,20 @@ def prefix_edge_home(tmp_path_factory):
         os.environ.pop("PREFIX_EDGE_HOME", None)
     else:
         os.environ["PREFIX_EDGE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def default_home(tmp_path_factory) -> Path:
+    """A $PREFIX_EDGE_HOME holding the default bundle, made once per session by the README's own
+    command (`prefix-edge export`, the venv's console script) for the e2e tests and the docs'
+    code blocks (tests/test_e2e_default.py, tests/test_doc_examples.py)."""
+    home = tmp_path_factory.mktemp("default-home")
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PREFIX_EDGE_HOME": str(home), "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    p = subprocess.run(["bash", "-c", "prefix-edge export"], env=env, capture_output=True, text=True,
+                       timeout=1800, cwd=tmp_path_factory.mktemp("default-export"))
+    assert p.returncode == 0, f"prefix-edge export: exit {p.returncode}\n{p.stderr[-3000:]}"
+    return home
 
 
 @pytest.fixture(scope="session")

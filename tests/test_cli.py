@@ -31,7 +31,13 @@ def test_json_schema(bundle_fp32):
     assert out["stats"]["prefix_tokens"] > 0 and out["stats"]["input_tokens"] > 0
     from prefix_edge.runtime.cpus import default_threads
 
-    assert out["stats"]["threads"] == default_threads() and out["stats"]["backend"] in ("onnx", "gguf")
+    from prefix_edge import Runtime
+
+    with Runtime.open(bundle_fp32) as rt:  # backend "auto", the CLI's default: the backend it picks
+        ref = rt.generate("sentiment", INPUTS[0])
+        auto = rt.backend.name
+    assert out["stats"]["threads"] == default_threads() and out["stats"]["backend"] == auto
+    assert out["tokens"] == ref.tokens and out["text"] == ref.text
 
 
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
@@ -167,7 +173,12 @@ def test_verify_command(bundle_int4, tmp_path):
     p = cli("verify", bundle_int4, "--json")
     assert p.returncode == 0, p.stderr.decode()
     rep = json.loads(p.stdout)
-    assert rep["ok"] and len(rep["files"]) >= 3 + 2 * 4
+    m = json.loads((bundle_int4 / "manifest.json").read_text())  # every file the manifest lists, once
+    listed = [m["tokenizer"]["file"]] + [f for b in m["backends"].values() for f in b["files"]] + \
+        [e["file"] for t in m["tasks"].values() for e in t["prefixes"].values()]
+    assert len(listed) == 1 + 2 + 4 * 2  # tokenizer, the two models, 4 tasks x 2 backends
+    assert rep["ok"] and sorted(r["file"] for r in rep["files"]) == sorted(listed)
+    assert all(r["status"] == "ok" for r in rep["files"])
     b = shutil.copytree(bundle_int4, tmp_path / "b")
     f = b / "tasks" / "raw.gguf.safetensors"
     data = bytearray(f.read_bytes())

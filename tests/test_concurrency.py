@@ -32,6 +32,19 @@ def _no_eos(rt) -> dict:
     return {"logit_bias": {int(e): -100.0 for e in rt.eos}}
 
 
+def _slow_steps(rt, seconds: float = 0.02) -> None:
+    """Every engine step (one forward) takes `seconds` longer, so a long generation cannot reach
+    max_tokens within a short timeout or before a close()."""
+    be = rt._sched.backend
+    forward = be.forward
+
+    def slow(items):
+        threading.Event().wait(seconds)
+        return forward(items)
+
+    be.forward = slow
+
+
 def _backend(name):
     if name == "gguf":
         pytest.importorskip("llama_cpp")
@@ -136,8 +149,13 @@ def test_abandoned_stream_frees_its_sequence(bundle_int4, reference):
 
 def test_generate_timeout(bundle_int4):
     with Runtime.open(bundle_int4, backend="onnx") as rt:
-        r = rt.generate("raw", INPUTS[0], max_tokens=10_000, timeout=0.05, **_no_eos(rt))
-        assert r.stats.finish_reason in ("timeout", "length") and r.stats.generated_tokens < 10_000
+        ref = rt.generate("raw", INPUTS[0], max_tokens=10_000, **_no_eos(rt))  # untimed: to the context's end
+        assert ref.stats.finish_reason == "length" and len(ref.tokens) > 100
+        _slow_steps(rt)  # ~len(ref.tokens) * 20 ms to reach "length": far past the 0.5 s timeout
+        r = rt.generate("raw", INPUTS[0], max_tokens=10_000, timeout=0.5, **_no_eos(rt))
+        assert r.stats.finish_reason == "timeout"
+        n = r.stats.generated_tokens
+        assert 0 < n < len(ref.tokens) // 2 and r.tokens == ref.tokens[:n]  # what it had: the untimed run's start
         with pytest.raises(PrefixEdgeError, match="timeout"):
             rt.generate("raw", INPUTS[0], timeout=0)
 
@@ -145,14 +163,19 @@ def test_generate_timeout(bundle_int4):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_close_while_streaming_and_after(bundle_int4, backend):
     rt = Runtime.open(bundle_int4, backend=_backend(backend), slots=2)
+    ref = rt.generate("raw", INPUTS[0], max_tokens=400, **_no_eos(rt))  # the same request, not closed
+    assert ref.stats.finish_reason == "length" and len(ref.tokens) == 400
+    _slow_steps(rt)  # 400 steps now take >= 8 s: only close() can end the stream early
     s = rt.stream("raw", INPUTS[0], max_tokens=400, **_no_eos(rt))
-    next(s)
+    first = next(s)
     results = []
     t = threading.Thread(target=lambda: results.append("".join(s)))
     t.start()
     rt.close()  # another thread is streaming: it ends cleanly, nothing crashes
     t.join(30)
-    assert not t.is_alive() and s.result.stats.finish_reason in ("cancelled", "length")
+    assert not t.is_alive() and s.result.stats.finish_reason == "cancelled"
+    n = s.result.stats.generated_tokens
+    assert 0 < n < 200 and s.result.tokens == ref.tokens[:n] and s.result.text == first + results[0]
     with pytest.raises(PrefixEdgeError, match="closed"):
         rt.generate("raw", INPUTS[0])
     rt.close()  # twice is fine
@@ -160,6 +183,7 @@ def test_close_while_streaming_and_after(bundle_int4, backend):
 
 def test_full_queue_is_an_error_not_a_hang(bundle_int4):
     with Runtime.open(bundle_int4, backend="onnx", slots=1, queue_size=2) as rt:
+        ref = rt.generate("raw", INPUTS[0], max_tokens=2, **_no_eos(rt))  # before the flood
         streams = []
         with pytest.raises(PrefixEdgeError, match="busy"):
             for _ in range(20):
@@ -168,7 +192,8 @@ def test_full_queue_is_an_error_not_a_hang(bundle_int4):
             s.cancel()
         for s in streams:
             list(s)
-        assert rt.generate("raw", INPUTS[0], max_tokens=2).stats.generated_tokens <= 2
+        r = rt.generate("raw", INPUTS[0], max_tokens=2, **_no_eos(rt))
+        assert r.stats.finish_reason == "length" and r.stats.generated_tokens == 2 and r.tokens == ref.tokens
 
 
 def test_astream_matches_stream(bundle_int4, reference):

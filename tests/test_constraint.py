@@ -111,7 +111,7 @@ def test_constrained_greedy_is_the_best_allowed_token(bundle_int4):
     import llguidance
     import numpy as np
 
-    from prefix_edge.runtime.backend import open_backend
+    from prefix_edge.runtime.engines import open_backend
 
     with Runtime.open(bundle_int4, backend="gguf") as rt:
         for regex in ("[a-z ]{1,30}", "(yes|no), [0-9]+"):

@@ -215,17 +215,22 @@ def test_save_and_resume_in_another_runtime(bundle_int4, bundle_fp32, backend, t
     with Runtime.open(bundle_fp32, backend=backend) as rt:  # another model: the messages only
         other = rt.resume(path)
         assert not other.kv_restored and other.messages == messages
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # corrupt the KV
-    bad = tmp_path / "bad.pe"
-    bad.write_bytes(bytes(data))
-    with Runtime.open(bundle_int4, backend=backend) as rt:
-        try:
-            c = rt.resume(bad)
-        except PrefixEdgeError as e:
-            assert str(e).count("\n") == 0
-        else:  # a flipped byte inside a value: caught by the check or harmless; never a crash
-            c.send("x", max_tokens=2)
+    data = path.read_bytes()
+    head_end = 8 + int(np.frombuffer(data[:8], "<u8")[0])  # safetensors: u64 header size, JSON header, tensors
+    assert len(data) // 2 > head_end  # the middle of the file is tensor data: the KV values
+    for at in (head_end // 2, len(data) // 2):
+        bad = tmp_path / "bad.pe"
+        bad.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+        with Runtime.open(bundle_int4, backend=backend) as rt:
+            if at < head_end:  # a flipped byte in the header: refused in one line
+                with pytest.raises(PrefixEdgeError, match="cannot read prefix file") as e:
+                    rt.resume(bad)
+                assert str(e.value).count("\n") == 0
+            else:  # a flipped byte inside a KV value: nothing checks values; harmless, never a crash
+                c = rt.resume(bad)
+                assert c.kv_restored and c.messages == messages
+                r = c.send("x", max_tokens=2, logit_bias={int(e): -100.0 for e in rt.eos})
+                assert r.stats.finish_reason == "length" and r.stats.generated_tokens == 2
 
 
 # -- n choices and logprobs -----------------------------------------------------------------
@@ -254,7 +259,7 @@ def test_n_choices(bundle_int4, backend):
 def test_logprobs_are_the_models(bundle_int4):
     """The reported log-probability of each greedy token is log-softmax of the logits a llama.cpp
     backend of our own computes for the same ids (outside the scheduler)."""
-    from prefix_edge.runtime.backend import open_backend
+    from prefix_edge.runtime.engines import open_backend
 
     with Runtime.open(bundle_int4, backend="gguf") as rt:
         r = rt.generate("support", INPUTS[0], max_tokens=6, logprobs=3)

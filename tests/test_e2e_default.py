@@ -13,11 +13,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    p = cli("export", env={"PREFIX_EDGE_HOME": str(home)})
-    assert p.returncode == 0, p.stderr.decode()[-2000:]
-    return {"PREFIX_EDGE_HOME": str(home)}
+def home(default_home):
+    return {"PREFIX_EDGE_HOME": str(default_home)}
 
 
 def test_default_bundle_has_the_demo_tasks(home):

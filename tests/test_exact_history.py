@@ -120,13 +120,16 @@ def test_in_stream_blob_layout(bundle_int4):
     from prefix_edge.bundle import prefixfile
 
     t = next(p for p in (bundle_int4 / "tasks").iterdir() if p.name.endswith(".gguf.safetensors"))
-    blob = prefixfile.read(t, [prefixfile.STATE, prefixfile.IDS])[0][prefixfile.STATE]
+    tensors = prefixfile.read(t, [prefixfile.STATE, prefixfile.IDS])[0]
+    blob = tensors[prefixfile.STATE]
     info = parse_seq_state(blob)
     laid = in_stream(blob, 2, 4)
     assert laid.nbytes == blob.nbytes + 12
     assert laid[8:12].view("<u4")[0] == 4 and not laid[12:20].any()
     assert (laid[20:20 + blob.nbytes - 12] == blob[12:]).all() and not laid[-4:].any()
-    assert in_stream(blob, 0, 1) is not None and info.cell_count > 0
+    one = in_stream(blob, 0, 1)  # one stream: the blob as it is
+    assert one.dtype == np.uint8 and np.array_equal(one, np.ascontiguousarray(blob).view(np.uint8).reshape(-1))
+    assert info.cell_count == len(tensors[prefixfile.IDS]) > 0  # a cell per prefix token
     with pytest.raises(PrefixEdgeError):
         in_stream(laid, 0, 4)  # not a one-stream blob
     with pytest.raises(PrefixEdgeError):

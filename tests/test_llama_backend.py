@@ -15,7 +15,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from prefix_edge.errors import PrefixEdgeError  # noqa: E402
-from prefix_edge.runtime.backend import Prefix  # noqa: E402
+from prefix_edge.runtime.prefix import Prefix  # noqa: E402
 from prefix_edge.runtime.llama import LlamaBackend, write_prefix  # noqa: E402
 from prefix_edge.runtime.seqstate import (  # noqa: E402
     SEQ_STATE_MAGIC, build_seq_state, check_seq_state, extract_kv, parse_seq_state)

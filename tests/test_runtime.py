@@ -67,8 +67,11 @@ def test_lru_keeps_recent_prefixes(rt):
 
 def test_max_tokens_and_stats(rt):
     r = rt.generate("support", INPUTS[0], max_tokens=3)
-    assert len(r.tokens) <= 3
+    ref = rt.generate("support", INPUTS[0], max_tokens=16)  # the same request, not cut at 3
+    assert len(ref.tokens) > 3  # so the 3-token run can only end by max_tokens
+    assert r.tokens == ref.tokens[:3] and ref.text.startswith(r.text)
     s = r.stats
+    assert s.finish_reason == "length" and s.generated_tokens == 3
     assert s.input_tokens == len(rt.encode_input("support", INPUTS[0]))
     assert 0 < s.ttft_ms <= s.total_ms
 

@@ -100,7 +100,8 @@ def test_streaming_with_usage(client, local):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == ref.text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ref.tokens)
-    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [{"eos": "stop", "stop": "stop", "length": "length"}[ref.stats.finish_reason]]
 
 
 def test_seeded_sampling_matches(client, local):
@@ -145,6 +146,7 @@ def test_bad_json_auth_and_unknown_model_via_client(server, client):
     r = _post(server, "/v1/chat/completions", None, raw=b"{not json")
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = _post(server, "/v1/models", None, key="wrong", raw=b"")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
     assert httpx.get(server + "/v1/models").status_code == 401
     assert httpx.get(server + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     with pytest.raises(openai.NotFoundError):

@@ -34,6 +34,7 @@ def _ref(local, task, messages, **kw):
 def test_conversation_with_history_and_system(client, local, task):
     msgs = [{"role": "system", "content": SYSTEM}]
     cached = []
+    hits_before = _turn_cache_hits(client)
     for turn in INPUTS:
         msgs.append({"role": "user", "content": turn})
         r = client.chat.completions.create(model=task, messages=msgs, max_tokens=12)
@@ -45,9 +46,13 @@ def test_conversation_with_history_and_system(client, local, task):
         msgs.append({"role": "assistant", "content": r.choices[0].message.content})
     # turn k resumed after turn k-1's prompt (the turn cache), not only after the task prefix
     assert cached[1] > cached[0] and cached[2] > cached[1]
+    assert _turn_cache_hits(client) - hits_before == len(INPUTS) - 1  # every turn after the first
+
+
+def _turn_cache_hits(client) -> int:
     hits = [ln for ln in httpx.get(client.base_url.join("/metrics").__str__().replace("/v1", ""))
             .text.splitlines() if ln.startswith("prefix_edge_turn_cache_hits_total")]
-    assert int(hits[0].split()[1]) >= 2
+    return int(hits[0].split()[1])
 
 
 def test_streamed_choices_interleave(client, local):
@@ -61,7 +66,8 @@ def test_streamed_choices_interleave(client, local):
             if c.finish_reason:
                 finish[c.index] = c.finish_reason
     ref = _ref(local, "support", msgs)
-    assert text == {0: ref.text, 1: ref.text} and set(finish) == {0, 1}
+    want = {"eos": "stop", "length": "length"}[ref.stats.finish_reason]
+    assert text == {0: ref.text, 1: ref.text} and finish == {0: want, 1: want}
     r = client.chat.completions.create(model="support", messages=msgs, max_tokens=12, n=3,
                                        temperature=1.0, seed=11)
     assert [c.index for c in r.choices] == [0, 1, 2]
@@ -215,20 +221,26 @@ def test_structured_output_with_the_sdk(client, local, server):
     r = client.chat.completions.parse(model="extract", messages=msgs, response_format=Order,
                                       max_tokens=80, temperature=1.0, seed=3)
     order = r.choices[0].message.parsed
-    assert isinstance(order, Order) and order.size in ("S", "M", "L")
     schema = openai.lib._pydantic.to_strict_json_schema(Order)
     ref = local.generate("extract", messages=msgs, json_schema=schema, max_tokens=80,
                          temperature=1.0, seed=3)
     assert r.choices[0].message.content == ref.text
+    assert isinstance(order, Order) and order == Order.model_validate_json(ref.text)
     rr = client.responses.parse(model="support", input=INPUTS[0], text_format=Order,
-                                max_output_tokens=80, temperature=1.0)
-    assert isinstance(rr.output_parsed, Order)
+                                max_output_tokens=80, temperature=1.0, extra_body={"seed": 5})
+    ref = local.generate("support", messages=[{"role": "user", "content": INPUTS[0]}], json_schema=schema,
+                         max_tokens=80, temperature=1.0, seed=5)
+    assert rr.output_text == ref.text
+    assert isinstance(rr.output_parsed, Order) and rr.output_parsed == Order.model_validate_json(ref.text)
     j = client.chat.completions.create(model="support", messages=msgs, max_tokens=80, temperature=1.0,
                                        seed=1, response_format={"type": "json_object"})
-    if j.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(j.choices[0].message.content), dict)
+    ref = local.generate("support", messages=msgs, json_schema=True, max_tokens=80, temperature=1.0, seed=1)
+    assert j.choices[0].message.content == ref.text
+    assert j.choices[0].finish_reason == {"eos": "stop", "length": "length"}[ref.stats.finish_reason]
+    if ref.stats.finish_reason == "eos":
+        assert isinstance(json.loads(ref.text), dict)
     else:  # cut by max_tokens: an unfinished object
-        assert j.choices[0].message.content.startswith("{")
+        assert ref.text.startswith("{")
     bad = httpx.post(server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                      json={"model": "support", "messages": msgs, "response_format": {
                          "type": "json_schema", "json_schema": {"name": "x", "schema": {
@@ -237,4 +249,6 @@ def test_structured_output_with_the_sdk(client, local, server):
     assert "no-such-format" in bad.json()["error"]["message"]
     rx = client.chat.completions.create(model="support", messages=msgs, max_tokens=20,
                                         extra_body={"response_format": {"type": "regex", "regex": "(yes|no)"}})
-    assert rx.choices[0].message.content in ("yes", "no")
+    ref = local.generate("support", messages=msgs, max_tokens=20, regex="(yes|no)")
+    assert rx.choices[0].message.content == ref.text and ref.stats.finish_reason == "eos"
+    assert rx.choices[0].finish_reason == "stop" and ref.text in ("yes", "no")  # and the regex held

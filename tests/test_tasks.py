@@ -64,12 +64,36 @@ def test_not_toml_and_empty(tmp_path):
         load_tasks(tmp_path / "missing.toml")
 
 
+def _apply_chat_template(messages, add_generation_prompt):
+    """transformers' own rendering of `messages` with the CHATML template (the reference)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models
+
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    return tok.apply_chat_template(messages, chat_template=CHATML, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+
+
+def _split_turn(prefix_msgs, text):
+    """(prefix, before, after): apply_chat_template of the prefix messages, and the text around
+    `text` in apply_chat_template of the prefix messages + a user turn `text` (generation prompt)."""
+    prefix = _apply_chat_template(prefix_msgs, False)
+    full = _apply_chat_template(prefix_msgs + [{"role": "user", "content": text}], True)
+    assert full.startswith(prefix) and full.count(text) == 1
+    before, after = full[len(prefix):].split(text)
+    return prefix, before, after
+
+
+@pytest.mark.integration  # imports transformers (~5 s): not unit-tier
 def test_chat_render_splits_prefix_and_input(tmp_path):
     (t,) = load_tasks(write(tmp_path, '[task.a]\nsystem = "S"\nexamples = [{user = "u1", assistant = "a1"}]\ntemplate = "Q: {input}"\n'))
     r = render_task(t, CHATML, {})
     assert r.chat
-    assert r.prefix_text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ: u1<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
-    assert (r.input_before, r.input_after) == ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    prefix, before, after = _split_turn([{"role": "system", "content": "S"}, {"role": "user", "content": "Q: u1"},
+                                         {"role": "assistant", "content": "a1"}], "Q: zz-input-zz")
+    assert r.prefix_text == prefix
+    assert (r.input_before, r.input_after) == (before, after)
 
 
 def test_raw_render(tmp_path):
@@ -85,6 +109,7 @@ def _adapter_dir(tmp_path, name="ad"):
     return d
 
 
+@pytest.mark.integration  # imports transformers (~5 s): not unit-tier
 def test_peft_task(tmp_path):
     _adapter_dir(tmp_path)
     (t, u) = load_tasks(write(tmp_path, '''
@@ -105,8 +130,9 @@ template = "Q: {input}"
     r = render_task(t, CHATML, {})  # no text: the prefix is the trained part only
     assert r.prefix_text == "" and not r.chat
     r = render_task(u, CHATML, {})
-    assert r.prefix_text == "<|im_start|>system\nafter the trained part<|im_end|>\n"
-    assert r.input_before == "<|im_start|>user\n"
+    prefix, before, after = _split_turn([{"role": "system", "content": "after the trained part"}], "Q: zz-input-zz")
+    assert r.prefix_text == prefix
+    assert (r.input_before, r.input_after) == (before, after)
 
 
 @pytest.mark.parametrize("body, words", [

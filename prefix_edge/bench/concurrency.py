@@ -62,10 +62,12 @@ def pick_tasks(manifest) -> tuple[str, str, str]:
 
 def run(bundle: Path, backend: str, threads: int, n_tokens: int = 48, shared_kv: bool = False) -> dict:
     from .. import Runtime
-    from ..bundle import Manifest
+    from ..bundle import Bundle
 
-    LONG, MID, SHORT = names = pick_tasks(Manifest.read(bundle))
-    out: dict = {"tasks": {n: Manifest.read(bundle).tasks[n].prefix_tokens for n in names}}
+    opened = Bundle.open(bundle)
+    tasks = opened.tasks
+    LONG, MID, SHORT = names = pick_tasks(opened.manifest)
+    out: dict = {"tasks": {n: tasks[n].prefix_tokens for n in names}}
     q = "How long do deleted files stay in the trash on the Plus plan? "
     with Runtime.open(bundle, backend=backend, threads=threads, slots=8, shared_kv=shared_kv) as rt:
         ban = {int(e): -100.0 for e in rt.eos}

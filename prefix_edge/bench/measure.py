@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import Manifest
+from ..bundle import Bundle
 from ..errors import PrefixEdgeError
 
 # Deterministic filler text for synthetic prefixes of any length (tokenized by the bundle's
@@ -61,16 +61,16 @@ class Bench:
         from tokenizers import Tokenizer
 
         self.bundle, self.threads, self.runs, self.log = bundle, threads, runs, log
-        self.manifest = Manifest.read(bundle)
-        self.tokenizer = Tokenizer.from_file(str(bundle / self.manifest.tokenizer.file))
+        self.opened = Bundle.open(bundle)
+        self.manifest = self.opened.manifest
+        self.tokenizer = Tokenizer.from_file(str(self.opened.tokenizer_file))
         self.tmp = Path(tempfile.mkdtemp(prefix="prefix-edge-bench-"))
 
     def model_file(self, backend: str) -> Path:
-        info = self.manifest.backends[backend]
-        return self.bundle / next(f for f in info.files if f.endswith("." + backend))
+        return self.opened.model_file(backend)
 
     def open(self, backend: str, n_ctx: int):
-        from ..runtime.backend import open_backend
+        from ..runtime.engines import open_backend
 
         from ..runtime.llama_lib import gguf_state_options
 

@@ -9,11 +9,30 @@ refused. `verify="full"` always hashes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-from . import sha256_file
 from ..errors import PrefixEdgeError
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hash_files(root: Path, rel_paths) -> dict[str, str]:
+    """Every file's sha256, hashed now (export; `prefix-edge verify`)."""
+    out = {}
+    for rel in rel_paths:
+        p = root / rel
+        if not p.is_file():
+            raise PrefixEdgeError(f"bundle {root}: model file {rel} is missing")
+        out[rel] = sha256_file(p)
+    return out
 
 
 CACHE = "verified.json"

@@ -38,14 +38,12 @@ def bench(
     """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS;
     or, with --concurrency, the engine under many requests at once."""
     from ..bench.measure import run_bench
-    from ..bundle import Manifest
+    from ..bundle import Bundle
     from ..errors import PrefixEdgeError
-    from ..paths import default_bundle
-
     from ..runtime.cpus import default_threads
 
-    root = bundle or default_bundle()
-    manifest = Manifest.read(root)
+    opened = Bundle.open(bundle)
+    root, manifest = opened.root, opened.manifest
     if threads is not None and threads < 1:
         raise PrefixEdgeError(f"--threads must be >= 1, got {threads}")
     threads = threads or default_threads()

@@ -34,11 +34,16 @@ def _version(dist: str) -> str:
 
 def _probe_model(bundle: Optional[Path]) -> Optional[Path]:
     """A GGUF file to probe llama.cpp with: the bundle's, the default bundle's, or the embedded one."""
-    from ..paths import default_bundle
+    from ..bundle import Bundle
+    from ..errors import PrefixEdgeError
 
-    for root in ([bundle] if bundle else []) + [default_bundle()]:
-        for p in sorted((Path(root) / "gguf").glob("*.gguf")):
-            return p
+    for root in ([bundle] if bundle else []) + [None]:
+        try:
+            model = Bundle.open(root).model_file("gguf")
+        except PrefixEdgeError:  # no such bundle, or one without a GGUF model: try the next
+            continue
+        if model.is_file():
+            return model
     try:
         from ..export.source import default_model_path
 

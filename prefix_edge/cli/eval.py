@@ -42,18 +42,13 @@ def eval_(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every answer that is not exact on stderr."),
 ) -> None:
     """Score a task on example lines: score, valid-answer rate, mean TTFT and decode tok/s per backend."""
-    from ..bundle import Manifest
+    from ..bundle import Bundle
     from ..tasks.datafile import read_jsonl
     from ..evaluation.metrics import METRICS, guess_metric
     from ..evaluation.run import eval_bundle
     from ..progress import bars
-    from ..paths import default_bundle
-
-    root = bundle or default_bundle()
-    if not (root / "manifest.json").is_file():
-        hint = "; create it with: prefix-edge export" if bundle is None else ""
-        raise PrefixEdgeError(f"no bundle at {root}{hint}")
-    manifest = Manifest.read(root)
+    opened = Bundle.open(bundle)
+    root, manifest = opened.root, opened.manifest
     if task not in manifest.tasks:
         raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: {', '.join(sorted(manifest.tasks))}")
     if data is None:
@@ -92,7 +87,7 @@ def eval_(
             from ..evaluation.reference import open_reference
             from ..evaluation.run import evaluate
 
-            hf, generate = open_reference(root, manifest, task, tasks_file, base)
+            hf, generate = open_reference(opened, task, tasks_file, base)
             try:
                 results.append(evaluate("reference", generate, rows, metric, bar))
             finally:

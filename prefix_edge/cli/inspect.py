@@ -13,14 +13,10 @@ from .app import app
 
 
 def _manifest(bundle: Optional[Path]):
-    from ..bundle import Manifest
-    from ..errors import PrefixEdgeError
-    from ..paths import default_bundle
+    from ..bundle import Bundle
 
-    root = bundle or default_bundle()
-    if bundle is None and not (root / "manifest.json").is_file():
-        raise PrefixEdgeError(f"no default bundle at {root}; create it with: prefix-edge export")
-    return root, Manifest.read(root)
+    b = Bundle.open(bundle)
+    return b.root, b.manifest
 
 
 @app.command("tasks")

@@ -11,57 +11,12 @@ import typer
 from .app import app
 
 
-def verify_bundle(root: Path) -> list[dict]:
-    """One row per file: {file, kind, bytes, status, detail}. status "ok" or "FAIL"."""
-    from ..bundle import prefixfile
-    from ..bundle import Manifest, confined, sha256_file
+def verify_bundle(root: Path | None) -> tuple[Path, list[dict]]:
+    """The bundle's root and one row per file (Bundle.verify_all)."""
+    from ..bundle import Bundle
 
-    m = Manifest.read(root)
-    rows = []
-
-    def check(rel: str, kind: str, want_sha: str, want_bytes: int | None = None) -> str | None:
-        p = confined(root, rel)
-        row = {"file": rel, "kind": kind, "bytes": p.stat().st_size if p.is_file() else 0,
-               "status": "ok", "detail": ""}
-        rows.append(row)
-        if not p.is_file():
-            row.update(status="FAIL", detail="missing")
-            return None
-        if want_bytes is not None and row["bytes"] != want_bytes:
-            row.update(status="FAIL", detail=f"size {row['bytes']}, manifest says {want_bytes}")
-            return None
-        got = sha256_file(p)
-        if got != want_sha:
-            row.update(status="FAIL", detail="sha256 differs from the manifest")
-            return None
-        return got
-
-    actual = {}
-    check(m.tokenizer.file, "tokenizer", m.tokenizer.sha256)
-    for name, b in m.backends.items():
-        for rel, sha in b.files.items():
-            actual.setdefault(name, {})[rel] = check(rel, f"model ({name})", sha) or "?"
-    fps = {}
-    for name, b in m.backends.items():
-        fps[name] = m.fingerprint(name, actual[name])
-        if fps[name] != b.fingerprint:
-            rows.append({"file": "manifest.json", "kind": f"fingerprint ({name})", "bytes": 0,
-                         "status": "FAIL", "detail": "recomputed fingerprint differs"})
-    for task, t in sorted(m.tasks.items()):
-        for backend, e in sorted(t.prefixes.items()):
-            if check(e.file, f"prefix {task} ({backend})", e.sha256, e.bytes) is None:
-                continue
-            row = rows[-1]
-            try:
-                meta = prefixfile.metadata(root / e.file)
-            except Exception as ex:  # PrefixEdgeError: one line
-                row.update(status="FAIL", detail=f"unreadable: {str(ex).splitlines()[0]}")
-                continue
-            problem = ("the manifest records it for another model" if e.fingerprint != fps[backend]
-                       else m.prefix_problem(task, meta, fps[backend]))
-            if problem:
-                row.update(status="FAIL", detail=problem)
-    return rows
+    bundle = Bundle.open(root)
+    return bundle.root, bundle.verify_all()
 
 
 @app.command()
@@ -71,10 +26,7 @@ def verify(
 ) -> None:
     """Re-hash every file of a bundle against its manifest and check every prefix file's
     fingerprint and task; exit 1 if anything fails."""
-    from ..paths import default_bundle
-
-    root = bundle or default_bundle()
-    rows = verify_bundle(root)
+    root, rows = verify_bundle(bundle)
     bad = [r for r in rows if r["status"] != "ok"]
     if as_json:
         typer.echo(json.dumps({"bundle": str(root), "ok": not bad, "files": rows}, indent=1))

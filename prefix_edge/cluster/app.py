@@ -171,12 +171,11 @@ def _ingress(names: list[str], api_key: str | None):
 
 def build(args: dict) -> Any:
     """The Ray Serve application of a bundle (Ray's application-builder signature)."""
-    from ..bundle import Manifest
-    from ..paths import default_bundle
+    from ..bundle import Bundle
 
     a = {**DEFAULTS, **(args or {})}
-    bundle = str(a["bundle"] or default_bundle())
-    names = sorted(Manifest.read(bundle).tasks) + [BASE]
+    opened = Bundle.open(a["bundle"])
+    bundle, names = str(opened.root), sorted(opened.tasks) + [BASE]
     opts = {"backend": a["backend"], "device": a["device"], "threads": a["threads"], "slots": int(a["slots"]),
             "turn_cache_bytes": max(0, int(a["turn_cache"])) << 20}
     replica = _replica_deployment(int(a["tasks_per_replica"])).options(num_replicas=int(a["replicas"]))

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bundle import Manifest, layout, prefixfile
+from ..bundle import Bundle
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks
 from ..options import resolve
 from .run import Answer
 
 
-def check_same_task(hf, root: Path, manifest: Manifest, task: str, what: str) -> None:
+def check_same_task(hf, bundle: Bundle, task: str, what: str) -> None:
     """Refuse unless `hf` (an tune.hf_task.HFTask) is the bundle's `task`: the same kind,
     rendering, prefix token ids and adapter."""
-    info, spec, r = manifest.tasks[task], hf.spec, hf.rendered
-    baked = prefixfile.read_ids(layout.confined(root, next(iter(info.prefixes.values())).file)).tolist()
+    info, spec, r = bundle.tasks[task], hf.spec, hf.rendered
+    baked = bundle.prefix_ids(task).tolist()
     mismatch = [name for name, ok in (
         ("kind", spec.kind == info.kind), ("chat", r.chat == info.chat),
         ("input wrapping", (r.input_before, r.input_after, r.template) ==
@@ -33,7 +33,7 @@ def check_same_task(hf, root: Path, manifest: Manifest, task: str, what: str) ->
                               "give the task file it was exported from")
 
 
-def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path | None, base: Path | None):
+def open_reference(bundle: Bundle, task: str, tasks_file: Path | None, base: Path | None):
     """(HFTask, generate function for `evaluate`) for the bundle's `task`."""
     import importlib.util
 
@@ -43,6 +43,7 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
     from ..export.source import DEFAULT_GGUF, default_model_path
     from ..paths import default_tasks_file
 
+    manifest = bundle.manifest
     if manifest.model.source == DEFAULT_GGUF:  # the embedded default model and its demo tasks
         base = base or default_model_path()
         tasks_file = tasks_file or default_tasks_file()
@@ -54,7 +55,7 @@ def open_reference(root: Path, manifest: Manifest, task: str, tasks_file: Path |
         raise PrefixEdgeError(f"--reference: {tasks_file} has no task {task!r}")
     hf = HFTask(spec, Path(base), manifest.model.n_ctx)
     try:
-        check_same_task(hf, root, manifest, task, f"--reference: task {task!r} in {tasks_file}")
+        check_same_task(hf, bundle, task, f"--reference: task {task!r} in {tasks_file}")
     except PrefixEdgeError:
         hf.close()
         raise

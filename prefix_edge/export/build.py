@@ -179,7 +179,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from ..runtime.backend import open_backend
+    from ..runtime.engines import open_backend
     from .bake import bake, prefix_ids
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir

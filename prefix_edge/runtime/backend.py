@@ -1,37 +1,70 @@
-"""The Backend protocol: the seam between the scheduler and an inference engine.
+"""The engine protocol: the seam between the scheduler and an inference engine.
 
-A backend owns one model and serves *sequences* (the scheduler, scheduler.py, is the only
-caller, from its one engine thread):
+An engine owns one model and serves *sequences*. The scheduler (scheduler.py) is its only
+caller at run time, from its one engine thread, and makes exactly these calls:
 
-    backend.seq_restore(seq, prefix)   empty `seq`, install a baked prefix (or none) at 0..P-1
-    backend.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
-    backend.seq_snapshot(seq, ids)     seq's KV copied out as a Prefix (the turn cache)
-    backend.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
-    backend.seq_free(seq)
+    engine.seq_restore(seq, prefix)   empty `seq`, install a baked prefix (or none) at 0..P-1
+    engine.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
+    engine.seq_snapshot(seq, ids)     seq's KV copied out as a Prefix (the turn cache)
+    engine.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
+    engine.seq_free(seq)
 
-and, for one sequence (export's baking, bench, parity tests):
+Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
+Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
+close. Each engine builds itself from a bundle (Engine.from_bundle: its own options, context
+and cache sizes), so the runtime never asks which engine it holds.
 
-    backend.begin(prefix)        reset the sequence; install a baked prefix (or none) at 0..P-1
-    backend.prefill(ids)         append tokens at the current position, return the last logits
-    backend.step(token)          append one token, return its logits
-
-Export bakes a prefix with begin(None) + prefill(prefix ids) + save_prefix(path); the runtime
-loads it with load_prefix(path) and hands it to begin().
-
-Sampling, stop strings, detokenization and streaming live above this seam, once.
+OneSequence (below) is the single-sequence API, begin / prefill / step, over those same calls:
+export's baking, bench and the parity tests use it. Sampling, stop strings, detokenization,
+constraints and streaming live above this seam, once. engines.py maps a backend name to its
+engine.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..errors import PrefixEdgeError
 from .prefix import Prefix
 
+if TYPE_CHECKING:
+    from ..bundle import Bundle
 
-class Backend(Protocol):
+BACKENDS = ("onnx", "gguf")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What Runtime.open asks of an engine; each engine turns it into its own options."""
+
+    device: str = "cpu"
+    threads: int | None = None
+    n_ctx: int | None = None       # positions one request may use (None: the engine's default)
+    slots: int = 4                 # requests decoded together
+    prefill_chunk: int = 128
+    shared_kv: bool = False        # llama.cpp: one cache shared by every sequence
+    kv_cells: int | None = None    # llama.cpp: total KV cells
+    verify: str = "cached"
+    longest_prefix: int = 0        # the bundle's longest task prefix (must fit a request)
+
+
+@dataclass
+class Opened:
+    """An engine from Engine.from_bundle, with what the scheduler needs to know of it."""
+
+    engine: "Engine"
+    n_ctx: int                 # positions one request may use
+    kv_cells: int | None       # cells the scheduler counts (a shared cache), else None
+    shared_kv: bool = False
+    request_seqs: tuple[int, ...] = ()
+    resident_seqs: tuple[int, ...] = ()
+
+
+class Engine(Protocol):
     name: str
     device: str
     n_ctx: int
@@ -41,45 +74,74 @@ class Backend(Protocol):
     head_dim: int
     kv_dtype_name: str
 
-    def load_prefix(self, path: Path) -> Prefix: ...
+    @classmethod
+    def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...
 
+    # -- what the scheduler calls ----------------------------------------------------------
+    def seq_restore(self, seq: int, prefix: Prefix | None) -> int: ...
+
+    def seq_copy(self, src: int, dst: int) -> None: ...
+
+    def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix: ...
+
+    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]: ...
+
+    def seq_free(self, seq: int) -> None: ...
+
+    # -- prefixes in and out ----------------------------------------------------------------
     def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix: ...
+
+    def load_prefix(self, path: Path) -> Prefix: ...
 
     def read_prefix_ids(self, path: Path) -> np.ndarray: ...
 
-    def begin(self, prefix: Prefix | None) -> None: ...
-
-    def prefill(self, ids: np.ndarray) -> np.ndarray: ...
-
-    def step(self, token: int) -> np.ndarray: ...
-
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None: ...
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None: ...
 
     def state_info(self) -> dict: ...
 
     def close(self) -> None: ...
 
 
-BACKENDS = ("onnx", "gguf")
-MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
+Backend = Engine  # the name the bundle and the CLI use for an engine ("--backend gguf")
 
 
-def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 2048, **engine) -> Backend:
-    """The one place that maps a backend name to its implementation (imported lazily: the
-    gguf backend needs llama-cpp-python, the onnx one onnxruntime). threads: None means the
-    physical cores this process may use (runtime/cpus.py), never the engine's own default."""
-    from .cpus import default_threads
+class OneSequence:
+    """begin / prefill / step on one sequence (`single_seq`) through the engine's own sequence
+    calls: no second state of its own but the position. Mixed into both engines."""
 
-    threads = threads or default_threads()
-    if name == "onnx":
-        from .onnx import OnnxBackend
+    single_seq: Any = 0
+    pos: int = 0
 
-        return OnnxBackend(model_path, device=device, threads=threads, n_ctx=n_ctx, **engine)
-    if name == "gguf":
-        from .llama import LlamaBackend
+    def begin(self, prefix: Prefix | None) -> None:
+        """Reset the sequence and install a baked prefix (or none) at 0..P-1."""
+        self.pos = 0
+        self.pos = self.seq_restore(self.single_seq, prefix)
 
-        return LlamaBackend(model_path, device=device, threads=threads, n_ctx=n_ctx, **engine)
-    from ..errors import PrefixEdgeError
+    def prefill(self, ids: np.ndarray) -> np.ndarray:
+        """Append tokens at the current position (in chunks the engine takes); the last logits."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise PrefixEdgeError("prefill needs at least one token")
+        chunk = getattr(self, "n_batch", None) or ids.size
+        logits = None
+        for start in range(0, ids.size, chunk):
+            part = ids[start:start + chunk]
+            try:
+                logits = self.forward([(self.single_seq, self.pos, part)])[0]
+            except PrefixEdgeError:
+                self.pos = self.seq_pos(self.single_seq)
+                raise
+            self.pos += part.size
+        return logits
 
-    raise PrefixEdgeError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    def step(self, token: int) -> np.ndarray:
+        """Append one token; its logits."""
+        return self.prefill(np.array([token], np.int64))
+
+
+def fit_prefix(longest: int, n_ctx: int) -> None:
+    if longest >= n_ctx:
+        raise PrefixEdgeError(f"the bundle's longest task prefix ({longest} tokens) does not fit "
+                              f"n_ctx={n_ctx}; raise n_ctx")

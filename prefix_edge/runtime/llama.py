@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
+from .backend import EngineConfig, OneSequence, Opened, fit_prefix
 from .prefix import Prefix
 from .seqstate import all_finite, check_seq_state, in_stream, out_of_stream, parse_seq_state, row_bytes
 
@@ -36,7 +37,7 @@ from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices,
                         load_llama_cpp, state_version)
 
 
-class LlamaBackend:
+class LlamaBackend(OneSequence):
     name = "gguf"
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
@@ -144,6 +145,48 @@ class LlamaBackend:
                                                row_bytes(t, self.n_kv_heads * self.head_dim_v))
 
     # -- model facts ----------------------------------------------------------------------
+    CTX_DEFAULT = 4096      # positions per request unless n_ctx says otherwise
+    CTX_SHARED = 1 << 15    # shared_kv: positions per request unless n_ctx says otherwise
+    REQUEST_CELLS = 512     # shared_kv: cells per slot by default (input + default max_tokens)
+    RESIDENT_SEQS = 16      # shared_kv: sequences kept for resident task prefixes
+
+    @classmethod
+    def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
+        """The bundle's GGUF model with a KV stream of its own per slot (n_ctx cells each,
+        allocated up front), or with cfg.shared_kv one cache of kv_cells cells shared by every
+        request and resident prefix (sequence 0 is then the one-sequence API's)."""
+        from .cpus import default_threads
+        from .llama_lib import gguf_state_options
+        from .probe import require_llama
+
+        model = bundle.model_file("gguf")
+        require_llama(model if model.is_file() else None)  # a crashing build is an error, not a crash
+        limit = bundle.manifest.model.n_ctx
+        ctx = min(limit, cfg.n_ctx) if cfg.n_ctx else min(limit, cls.CTX_SHARED if cfg.shared_kv else cls.CTX_DEFAULT)
+        if not cfg.shared_kv and cfg.kv_cells is not None:
+            ctx = min(ctx, cfg.kv_cells // cfg.slots)
+        fit_prefix(cfg.longest_prefix, ctx)
+        slots, kv_cells = cfg.slots, cfg.kv_cells
+        if cfg.shared_kv:
+            if kv_cells is None:  # residents of the longest prefix + room for every slot
+                kv_cells = min(2 * cfg.longest_prefix + slots * cls.REQUEST_CELLS, slots * ctx)
+                kv_cells = max(1024, -(-kv_cells // 256) * 256)
+            n_seq = 1 + slots + cls.RESIDENT_SEQS
+        else:  # a stream per slot, of ctx cells (llama.cpp rounds a stream up to 256 cells)
+            kv_cells, n_seq = slots * ctx, slots
+        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=kv_cells,
+                 n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
+                 **gguf_state_options(bundle.backend("gguf").state))
+        if cfg.shared_kv:
+            return Opened(be, ctx, kv_cells, True, request_seqs=tuple(range(1, slots + 1)),
+                          resident_seqs=tuple(range(slots + 1, be.n_seq_max)))
+        # a request's stream is its own: nothing shared for the scheduler to count
+        return Opened(be, min(ctx, be.n_ctx_seq), None, False, request_seqs=tuple(range(slots)))
+
+    @property
+    def kv_cells_total(self) -> int:
+        return self.n_ctx
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
         n = self._L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
@@ -311,28 +354,9 @@ class LlamaBackend:
             out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True))
         return out
 
-    # -- one sequence (export, bench, parity tests): sequence 0 ----------------------------
-    def begin(self, prefix: Prefix | None) -> None:
-        self.pos = 0
-        self.pos = self.seq_restore(0, prefix)
-
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size == 0:
-            raise PrefixEdgeError("prefill needs at least one token")
-        logits = None
-        for start in range(0, ids.size, self.n_batch):
-            chunk = ids[start:start + self.n_batch]
-            try:
-                logits = self.forward([(0, self.pos, chunk)])[0]
-            except PrefixEdgeError:
-                self.pos = int(self._L.llama_memory_seq_pos_max(self.mem, 0)) + 1
-                raise
-            self.pos += chunk.size
-        return logits
-
-    def step(self, token: int) -> np.ndarray:
-        return self.prefill(np.array([token], np.int64))
+    def seq_pos(self, seq: int) -> int:
+        """The next position of `seq` (after its last stored cell)."""
+        return int(self._L.llama_memory_seq_pos_max(self.mem, seq)) + 1
 
     def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray:
         """Append input embeddings (float rows [n, n_embd], e.g. a PEFT soft prompt) at the

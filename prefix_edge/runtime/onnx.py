@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
+from .backend import EngineConfig, OneSequence, Opened, fit_prefix
 from .prefix import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -35,8 +36,24 @@ def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in provs else [])
 
 
-class OnnxBackend:
+class OnnxBackend(OneSequence):
     name = "onnx"
+    single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
+
+    @classmethod
+    def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
+        """The bundle's ONNX graph; the model's hash (checked by the bundle) keys this machine's
+        session cache, whose files are verified alike. A sequence's KV grows as it needs."""
+        from .cpus import default_threads
+
+        model = bundle.model_file("onnx")
+        limit = bundle.manifest.model.n_ctx
+        ctx = min(limit, cfg.n_ctx) if cfg.n_ctx else limit
+        fit_prefix(cfg.longest_prefix, ctx)
+        rel = str(model.relative_to(bundle.root))
+        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=ctx,
+                 verify=cfg.verify, model_sha256=model_hashes[rel])
+        return Opened(be, ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None):
@@ -70,8 +87,6 @@ class OnnxBackend:
                                   "the bundle with --onnx-builder optimum")
         self.output_names = ["logits", *self.present_names]
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
-        self.past: list[np.ndarray] = []
-        self.pos = 0
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
         self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
@@ -154,10 +169,11 @@ class OnnxBackend:
                     store: str = "f32") -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
         `store` (prefixfile.KV_STORES)."""
+        past, pos = self.seqs[self.single_seq]
         if self.shared:
-            kv = [a[:, :, :self.pos].copy() for a in self.past.arrays]
+            kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
-            kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in self.past]
+            kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
         write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
@@ -279,15 +295,8 @@ class OnnxBackend:
             out.append(logits)
         return out
 
-    # -- one sequence (export, bench, parity tests) ---------------------------------------
-    def begin(self, prefix: Prefix | None) -> None:
-        self._recycle(self.past)
-        self.past, self.pos = self._start(prefix)
-
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        logits, self.past = self._run(self.past, self.pos, ids)
-        self.pos += int(np.asarray(ids).size)
-        return logits
+    def seq_pos(self, seq) -> int:
+        return self.seqs[seq][1] if seq in self.seqs else 0
 
     def _run(self, past: list, pos: int, ids: np.ndarray):
         """Append `ids` at `pos` after `past`; return the last position's logits and the new past.
@@ -344,12 +353,8 @@ class OnnxBackend:
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         return np.array(b.get_outputs()[0].numpy()[0, -1], dtype=np.float32), buf
 
-    def step(self, token: int) -> np.ndarray:
-        return self.prefill(np.array([token], np.int64))
-
     def close(self) -> None:
         self.session = None
-        self.past = []
         self.seqs = {}
         self._spare = []
         self._homes = []

@@ -4,62 +4,32 @@ the most recently used ones in memory (LRU)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from pathlib import Path
 
-from ..bundle import prefixfile
-from ..bundle import Manifest
+from ..bundle import Bundle
 from ..errors import PrefixEdgeError
-from .backend import Backend
+from .backend import Engine
 from .prefix import Prefix
 
 
 class PrefixCache:
-    def __init__(self, root: Path, manifest: Manifest, backend: Backend, fingerprint: str,
-                 capacity: int = 4, verify: str = "cached"):
-        self.root, self.manifest, self.backend = root, manifest, backend
+    def __init__(self, bundle: Bundle, backend: Engine, fingerprint: str, capacity: int = 4,
+                 verify: str = "cached"):
+        self.bundle, self.manifest, self.backend = bundle, bundle.manifest, backend
         self.verify = verify
         self.fingerprint = fingerprint
         self.capacity = max(0, capacity)
         self._lru: OrderedDict[str, Prefix] = OrderedDict()
 
-    def _file(self, task: str) -> tuple[Path, int]:
-        """The task's prefix file and its KV length (virtual + text positions)."""
-        info = self.manifest.tasks[task]
-        entry = info.prefixes.get(self.backend.name)
-        if entry is None:
-            raise PrefixEdgeError(f"task '{task}' has no baked prefix for the {self.backend.name} backend")
-        if entry.fingerprint != self.fingerprint:
-            raise PrefixEdgeError(
-                f"task '{task}': the manifest records its prefix as baked for another model "
-                f"(fingerprint {entry.fingerprint[:12]} vs {self.fingerprint[:12]}); re-export the bundle")
-        from ..bundle import confined
-        from ..bundle.verify import file_hashes
-
-        path = confined(self.root, entry.file, f"task '{task}'")
-        if not path.is_file():
-            raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} is missing from the bundle")
-        if path.stat().st_size != entry.bytes or \
-                file_hashes(self.root, [entry.file], self.verify)[entry.file] != entry.sha256:
-            raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} does not match its manifest "
-                                  "entry (corrupt, replaced or edited); re-export the bundle")
-        return path, info.prefix_tokens
-
     def get(self, task: str) -> tuple[Prefix, bool]:
-        """The task's prefix and whether it was already in memory."""
+        """The task's prefix and whether it was already in memory: the bundle checks the file,
+        the engine the arrays, the bundle again what they hold."""
         if task in self._lru:
             self._lru.move_to_end(task)
             return self._lru[task], True
-        path, n = self._file(task)
-        tensors, meta = prefixfile.read(path)  # the codec reads; the backend checks the arrays
+        tensors, meta, path = self.bundle.read_prefix(task, self.backend.name, self.fingerprint, self.verify)
         prefix = self.backend.prefix_from(tensors, meta, str(path))
-        problem = self.manifest.prefix_problem(task, prefix.metadata, self.fingerprint)
-        if problem:
-            raise PrefixEdgeError(f"task '{task}': prefix {path.name} was {problem}; re-export the bundle")
-        nv = self.manifest.tasks[task].n_virtual
-        if prefix.n_tokens != n or prefix.n_virtual != nv:
-            raise PrefixEdgeError(
-                f"task '{task}': prefix file holds {prefix.n_tokens} positions ({prefix.n_virtual} "
-                f"virtual), the manifest says {n} ({nv} virtual); re-export the bundle")
+        self.bundle.check_prefix(task, path, prefix.metadata, prefix.n_tokens, prefix.n_virtual,
+                                 self.fingerprint)
         if self.capacity:
             self._lru[task] = prefix
             while len(self._lru) > self.capacity:
@@ -85,8 +55,10 @@ class PrefixCache:
                 "use_prefix_cache=False)")
         if task in self._lru:
             return self._lru[task].ids
-        path, _ = self._file(task)
-        return prefixfile.read_ids(path)
+        from ..bundle import prefixfile
+
+        return prefixfile.read_ids(self.bundle.prefix_file(task, self.backend.name, self.fingerprint,
+                                                           self.verify))
 
     def clear(self) -> None:
         self._lru.clear()

@@ -74,9 +74,7 @@ class Requests:
     @functools.cached_property
     def chat_renderer(self) -> ChatRenderer:
         """The model's chat template (checked against the manifest's hash) and its tokenization."""
-        from ..bundle import chat_template_of
-
-        template, special = chat_template_of(self.root, self.manifest)
+        template, special = self.bundle.chat_template()
         added = self.tokenizer.get_added_tokens_decoder()
         texts = [t.content for t in added.values() if t.special and t.content]
         return ChatRenderer(template, special, self.tokenizer, lambda: self._text_tokenizer,

@@ -12,25 +12,21 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..bundle import Manifest
+from ..bundle import Bundle
 from ..errors import PrefixEdgeError
-from .backend import BACKENDS, MODEL_SUFFIX, open_backend
+from .backend import BACKENDS, EngineConfig, Opened
+from .engines import engine_class
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
 from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
-from ..bundle.verify import file_hashes
 
 if TYPE_CHECKING:
     from .conversation import Conversation
 
 AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
-GGUF_CTX_DEFAULT = 4096      # llama.cpp: positions per request unless n_ctx says otherwise
-GGUF_CTX_CAP = 1 << 15       # shared_kv: positions per request unless n_ctx says otherwise
-REQUEST_CELLS = 512          # shared_kv: cells per slot by default (input + default max_tokens)
-RESIDENT_SEQS = 16           # shared_kv: llama.cpp sequences kept for resident task prefixes
-RESIDENT_BYTES = 256 << 20   # their byte budget (LRU beyond it)
+RESIDENT_BYTES = 256 << 20   # llama.cpp shared_kv: byte budget of resident task prefixes (LRU)
 
 
 def _importable(backend: str) -> bool:
@@ -39,49 +35,51 @@ def _importable(backend: str) -> bool:
     return importlib.util.find_spec({"onnx": "onnxruntime", "gguf": "llama_cpp"}[backend]) is not None
 
 
-def _gguf_file(root: Path, manifest: Manifest) -> Path | None:
-    files = [f for f in manifest.backends["gguf"].files if f.endswith(MODEL_SUFFIX["gguf"])]
-    return (root / files[0]) if files and (root / files[0]).is_file() else None
+def choose_backend(bundle: Bundle, backend: str) -> str:
+    """auto: the faster engine the bundle has whose library is installed: gguf if llama.cpp runs
+    on this machine (probed once per build), else onnx."""
+    if backend != "auto":
+        if backend not in BACKENDS:
+            raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
+        return backend
+    backend = next((b for b in AUTO_ORDER if b in bundle.backends and _importable(b)),
+                   next(iter(bundle.backends), "onnx"))
+    if backend == "gguf" and "onnx" in bundle.backends and _importable("onnx"):
+        from .probe import llama_verdict, warn
 
-
-def _llama_or_onnx(root: Path, manifest: Manifest) -> str:
-    """auto: gguf if llama.cpp runs on this machine (probed once per build), else onnx."""
-    from .probe import llama_verdict, warn
-
-    v = llama_verdict(_gguf_file(root, manifest))
-    if v is not None and not v.ok:
-        warn(f"{v.detail}; using the onnx backend")
-        return "onnx"
-    return "gguf"
+        model = bundle.model_file("gguf")
+        v = llama_verdict(model if model.is_file() else None)
+        if v is not None and not v.ok:
+            warn(f"{v.detail}; using the onnx backend")
+            return "onnx"
+    return backend
 
 
 class Runtime(Requests):
     """A bundle opened for generation. Thread-safe: any number of requests may be in flight
     from any threads. Use as a context manager or call close()."""
 
-    def __init__(self, root: Path, manifest: Manifest, backend, tokenizer, fingerprint: str,
-                 prefix_cache_size: int, n_ctx: int, slots: int = 4, queue_size: int = 64,
+    def __init__(self, bundle: Bundle, opened: Opened, tokenizer, fingerprint: str,
+                 prefix_cache_size: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 kv_cells: int | None = None, verify: str = "cached", shared_kv: bool = False,
-                 turn_cache_bytes: int = TURN_CACHE_BYTES):
-        self.root, self.manifest, self.backend, self.tokenizer = root, manifest, backend, tokenizer
+                 verify: str = "cached", turn_cache_bytes: int = TURN_CACHE_BYTES):
+        backend, manifest = opened.engine, bundle.manifest
+        self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
+        self.backend, self.tokenizer = backend, tokenizer
         self.fingerprint, self.prefill_chunk = fingerprint, prefill_chunk
         self.turns = TurnCache(turn_cache_bytes)
-        self.prefixes = PrefixCache(root, manifest, backend, fingerprint, prefix_cache_size, verify)
+        self.prefixes = PrefixCache(bundle, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
-        self.n_ctx = n_ctx  # positions one request may use (prefix + input + output)
+        self.n_ctx = opened.n_ctx  # positions one request may use (prefix + input + output)
         self.eos = set(manifest.model.eos_token_ids)
         self.last_result: Result | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-        self.shared_kv = shared_kv and backend.name == "gguf"
-        if self.shared_kv:  # seq 0: the one-sequence API; then requests; then residents
-            req = tuple(range(1, slots + 1))
-            resident = tuple(range(slots + 1, backend.n_seq_max))
-        else:
-            req, resident, resident_bytes = tuple(range(slots)), (), 0
+        self.shared_kv = opened.shared_kv
         self._sched = Scheduler(backend, slots=slots, queue_size=queue_size,
-                                prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
-                                resident_seqs=resident, request_seqs=req, kv_cells=kv_cells)
+                                prefill_chunk=prefill_chunk,
+                                resident_bytes=resident_bytes if opened.resident_seqs else 0,
+                                resident_seqs=opened.resident_seqs, request_seqs=opened.request_seqs,
+                                kv_cells=opened.kv_cells)
 
     @classmethod
     def open(cls, path: str | Path | None = None, backend: str = "auto", device: str = "cpu",
@@ -106,42 +104,10 @@ class Runtime(Requests):
         "full" always hashes."""
         from tokenizers import Tokenizer
 
-        from ..paths import default_bundle
-
-        root = Path(path) if path is not None else default_bundle()
-        if path is None and not (root / "manifest.json").is_file():
-            raise PrefixEdgeError(
-                f"no default bundle at {root}; create it with: prefix-edge export")
-        manifest = Manifest.read(root)
-        probed = False  # llama.cpp's verdict is looked up once per open
-        if backend == "auto":
-            backend = next((b for b in AUTO_ORDER if b in manifest.backends and _importable(b)),
-                           next(iter(manifest.backends), "onnx"))
-            if backend == "gguf" and "onnx" in manifest.backends and _importable("onnx"):
-                backend, probed = _llama_or_onnx(root, manifest), True
-        if backend == "gguf" and "gguf" in manifest.backends and not probed:
-            from .probe import require_llama
-
-            require_llama(_gguf_file(root, manifest))  # a crashing build is an error, not a crash
-        if backend not in BACKENDS:
-            raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
-        if backend not in manifest.backends:
-            raise PrefixEdgeError(f"bundle {root} has no {backend} model (it has: "
-                                  f"{', '.join(manifest.backends) or 'none'})")
-        info = manifest.backends[backend]
-        actual = file_hashes(root, info.files, verify)
-        for rel, sha in actual.items():
-            if sha != info.files[rel]:
-                raise PrefixEdgeError(f"bundle {root}: model file {rel} does not match its manifest "
-                                      "entry (changed after export); re-export the bundle")
-        tok_hash = file_hashes(root, [manifest.tokenizer.file], verify)[manifest.tokenizer.file]
-        if tok_hash != manifest.tokenizer.sha256:
-            raise PrefixEdgeError(f"bundle {root}: {manifest.tokenizer.file} does not match the manifest")
-        fingerprint = manifest.fingerprint(backend, actual)
-        if fingerprint != info.fingerprint:
-            raise PrefixEdgeError(
-                f"bundle {root}: the manifest's {backend} fingerprint does not match its contents "
-                "(the manifest was edited or the bundle is mixed); re-export the bundle")
+        bundle = Bundle.open(path)
+        backend = choose_backend(bundle, backend)
+        bundle.backend(backend)  # the bundle has it
+        fingerprint, hashes = bundle.check_model(backend, verify)
         for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
                                  ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
                                  ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64),
@@ -152,47 +118,22 @@ class Runtime(Requests):
             raise PrefixEdgeError(f"slots must be <= 64, got {slots}")
         if not isinstance(shared_kv, bool):
             raise PrefixEdgeError(f"shared_kv must be true or false, got {shared_kv!r}")
-        ctx = manifest.model.n_ctx
-        if backend == "gguf":
-            ctx = min(ctx, GGUF_CTX_CAP if shared_kv else GGUF_CTX_DEFAULT)
-        ctx = min(manifest.model.n_ctx, n_ctx) if n_ctx else ctx
-        if backend == "gguf" and not shared_kv and kv_cells is not None:
-            ctx = min(ctx, kv_cells // slots)
-        longest = max((t.prefix_tokens for t in manifest.tasks.values()), default=0)
-        if longest >= ctx:
-            raise PrefixEdgeError(f"the bundle's longest task prefix ({longest} tokens) does not fit "
-                                  f"n_ctx={ctx}; raise n_ctx")
-        model_file = next(f for f in info.files if f.endswith(MODEL_SUFFIX[backend]))
-        extra = {}
-        if backend == "gguf":
-            from .llama_lib import gguf_state_options
-
-            if shared_kv:
-                if kv_cells is None:  # residents of the longest prefix + room for every slot
-                    kv_cells = min(2 * longest + slots * REQUEST_CELLS, slots * ctx)
-                    kv_cells = max(1024, -(-kv_cells // 256) * 256)
-                n_seq = 1 + slots + RESIDENT_SEQS
-            else:  # a stream per slot, of ctx cells (llama.cpp rounds a stream up to 256 cells)
-                kv_cells, n_seq = slots * ctx, slots
-            extra = {"n_seq_max": n_seq, "n_batch": max(512, prefill_chunk), "kv_unified": shared_kv,
-                     **gguf_state_options(info.state)}
-        else:
-            # the model's hash (checked above) keys the session cache, whose files are verified alike
-            kv_cells, extra = None, {"verify": verify, "model_sha256": actual[model_file]}
-        be = open_backend(backend, root / model_file, device=device, threads=threads,
-                          n_ctx=kv_cells or ctx, **extra)
-        if backend == "gguf" and not shared_kv:
-            ctx, kv_cells = min(ctx, be.n_ctx_seq), None  # a request's stream is its own: nothing shared to count
-        if be.state_info() != info.state:
+        longest = max((t.prefix_tokens for t in bundle.tasks.values()), default=0)
+        cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
+                           prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
+                           verify=verify, longest_prefix=longest)
+        opened = engine_class(backend).from_bundle(bundle, hashes, cfg)
+        be = opened.engine
+        state = bundle.backend(backend).state
+        if be.state_info() != state:
             be.close()
             raise PrefixEdgeError(
-                f"bundle {root}: its {backend} prefixes were baked for KV state {info.state}, this "
+                f"bundle {bundle.root}: its {backend} prefixes were baked for KV state {state}, this "
                 f"runtime restores {be.state_info()} (another llama.cpp version?); re-export the bundle")
-        tokenizer = Tokenizer.from_file(str(root / manifest.tokenizer.file))
-        return cls(root, manifest, be, tokenizer, fingerprint, prefix_cache_size, n_ctx=ctx,
-                   slots=slots, queue_size=queue_size, prefill_chunk=prefill_chunk,
-                   resident_bytes=resident_bytes, kv_cells=kv_cells, verify=verify,
-                   shared_kv=shared_kv, turn_cache_bytes=turn_cache_bytes)
+        tokenizer = Tokenizer.from_file(str(bundle.tokenizer_file))
+        return cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
+                   queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
+                   verify=verify, turn_cache_bytes=turn_cache_bytes)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -294,8 +235,8 @@ class Runtime(Requests):
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched
         cells = s.kv_cells  # shared cache: the cells it counts; a stream per slot: all of them
-        if cells is None and self.backend.name == "gguf":
-            cells = self.backend.n_ctx
+        if cells is None:  # llama.cpp: a stream per slot, all of them allocated
+            cells = getattr(self.backend, "kv_cells_total", None)
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),

@@ -69,19 +69,18 @@ def _teacher_answers(answer, rows: list[Example], bar, label: str, workers: int 
 
 def _bundle_teacher(bundle: Path | None, backend: str, task: str, hf):
     """A Runtime over the bundle's copy of `task`, once it is checked to be `hf`'s task."""
-    from ..bundle import Manifest
+    from ..bundle import Bundle
     from ..evaluation.reference import check_same_task
-    from ..paths import default_bundle
     from ..runtime.runtime import Runtime
 
-    root = Path(bundle) if bundle is not None else default_bundle()
-    if not (root / "manifest.json").is_file():
-        raise PrefixEdgeError(f"--teacher {backend}: no bundle at {root}")
-    manifest = Manifest.read(root)
-    if task not in manifest.tasks:
-        raise PrefixEdgeError(f"--teacher {backend}: bundle {root} has no task {task!r}")
-    check_same_task(hf, root, manifest, task, f"--teacher {backend}: task {task!r}")
-    return Runtime.open(root, backend=backend, slots=TEACHER_SLOTS)
+    try:
+        opened = Bundle.open(bundle)
+    except PrefixEdgeError as e:
+        raise PrefixEdgeError(f"--teacher {backend}: {e}") from None
+    if task not in opened.tasks:
+        raise PrefixEdgeError(f"--teacher {backend}: bundle {opened.root} has no task {task!r}")
+    check_same_task(hf, opened, task, f"--teacher {backend}: task {task!r}")
+    return Runtime.open(opened.root, backend=backend, slots=TEACHER_SLOTS)
 
 
 def _agreement(student, teacher_rows: list[Example], answers: list[str]) -> dict:
