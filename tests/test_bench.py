@@ -22,6 +22,9 @@ def test_bench_report_and_plot(bundle_int4, tmp_path):
     for row in r["decode"]:
         assert row["tok_s"] > 0
         assert row["baseline"]["tok_s"] > 0, row  # the peer ran in its own process
+    assert {row["backend"] for row in r["restore"]} == {"onnx", "gguf"}
+    for row in r["restore"]:  # the first fresh process walks the file's values; the later ones skip it
+        assert row["walked"] == [True, False, False] and row["restore_ms"] > 0 and row["file_mb"] > 0
     for row in r["cold_start"]:
         assert row["torch_in_process"] is False and row["peak_rss_mb"] > 0
         assert (row.get("cold_start_ms_no_session_cache", 0) > 0) == (row["backend"] == "onnx")

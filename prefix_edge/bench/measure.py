@@ -9,7 +9,9 @@ median of several runs, with its ratio to the baseline measured in the same run:
   b. task switch: requests alternating over 3 tasks of ~1k tokens, ms until the prefix is ready
   c. decode tok/s vs a plain llama-cpp-python loop (gguf) and optimum's generate (onnx)
   d. cold start (open bundle -> first token) and peak RSS of a run, in a fresh process
-  e. bytes per prefix token stored
+  e. a prefix restored from its file in a fresh process, every check included (the first load
+     of a file walks its values; later ones, the file unchanged and passed, skip the walk)
+  f. bytes per prefix token stored
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _CORPUS = (
     "Refunds for annual plans are paid within fourteen days of the cancellation request. "
 )
 _INPUT = "Question {i}: how do I move my photos from an old phone to the new tablet without losing albums? "
-BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _ms(t0: float) -> float:
@@ -196,6 +198,60 @@ class Bench:
             return {"error": (p.stderr.strip().splitlines() or ["?"])[-1]}
         return json.loads(p.stdout.strip().splitlines()[-1])
 
+    # e. a prefix restored from its file in a fresh process ----------------------------------
+    def restore_from_file(self, backend: str, P: int, n_ctx: int) -> dict:
+        """A P-token prefix file restored in fresh processes, every check included: its hash
+        looked up by stat identity (hashed once beforehand, as a deployed bundle's is), the
+        codec's read, the engine's checks (the walk of its values on the file's first load; then
+        skipped, the file having passed), seq_restore. The engine's open is not timed."""
+        from ..bundle.verify import file_hashes
+
+        path = self.tmp / f"{backend}-p{P}.safetensors"
+        if not path.is_file():
+            be = self.open(backend, n_ctx)
+            try:
+                self.bake(be, _ids(self.tokenizer, _CORPUS, P), f"p{P}")
+            finally:
+                be.close()
+        file_hashes(path.parent, [path.name])  # hashed once, as at a bundle's first open
+        extra = "{}"
+        if backend == "gguf":
+            from ..runtime.llama_lib import gguf_state_options
+
+            extra = repr(gguf_state_options(self.manifest.backends[backend].state))
+        code = (
+            "import json, time\n"
+            "from pathlib import Path\n"
+            "from prefix_edge.bundle import prefixfile\n"
+            "from prefix_edge.bundle.verify import file_hashes, passed, remember_pass\n"
+            "from prefix_edge.runtime.engines import open_backend\n"
+            f"be = open_backend({backend!r}, Path({str(self.model_file(backend))!r}), threads={self.threads}, "
+            f"n_ctx={n_ctx}, **{extra})\n"
+            f"root, rel = Path({str(path.parent)!r}), {path.name!r}\n"
+            "t0 = time.perf_counter()\n"
+            "file_hashes(root, [rel])\n"
+            "tensors, meta = prefixfile.read(root / rel)\n"
+            "checked = passed(root, rel, 'bench')\n"
+            "prefix = be.prefix_from(tensors, meta, rel, values_checked=checked)\n"
+            "be.seq_restore(0, prefix)\n"
+            "ms = (time.perf_counter() - t0) * 1e3\n"
+            "remember_pass(root, rel, 'bench')\n"
+            "print(json.dumps({'ms': ms, 'walked': not checked}))\n")
+        runs = []
+        for _ in range(self.runs + 1):  # the first: the file's first load (walked)
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise PrefixEdgeError(f"restore run failed: {p.stderr.strip().splitlines()[-1:]}")
+            runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        first, later = runs[0], runs[1:]
+        out = {"backend": backend, "prefix_tokens": P, "file_mb": round(path.stat().st_size / 1e6, 2),
+               "first_load_walked_ms": round(first["ms"], 2),
+               "restore_ms": _median(r["ms"] for r in later),
+               "walked": [r["walked"] for r in runs]}
+        self.log(f"  {backend} {P}-token prefix from file in a fresh process: {out['restore_ms']:.1f} ms "
+                 f"({out['first_load_walked_ms']:.1f} ms the first time, values walked), {out['file_mb']} MB")
+        return out
+
     # d. cold start + RSS ----------------------------------------------------------------
     def cold_start(self, backend: str) -> dict:
         task = max(self.manifest.tasks, key=lambda t: self.manifest.tasks[t].prefix_tokens)
@@ -261,7 +317,7 @@ def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: in
               runs: int, peers: bool = True, log=print) -> dict:
     b = Bench(bundle, threads, runs, log)
     report = {"bundle": str(bundle), "machine": machine_info(threads), "runs": runs,
-              "ttft": [], "task_switch": [], "decode": [], "cold_start": []}
+              "ttft": [], "task_switch": [], "decode": [], "restore": [], "cold_start": []}
     limit = b.manifest.model.n_ctx - n_input - 16  # positions the model can address
     if any(P > limit for P in lengths):
         log(f"  prefix lengths above {limit} skipped: the model's context is {b.manifest.model.n_ctx}")
@@ -293,5 +349,6 @@ def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: in
         log(f"  {name} decode {dec['tok_s']:.1f} tok/s" +
             (f" vs baseline {dec['baseline'].get('tok_s')} ({dec.get('ratio')}x)" if dec.get("baseline") else ""))
         report["decode"].append(dec)
+        report["restore"].append(b.restore_from_file(name, switch_p, ctx))
         report["cold_start"].append(b.cold_start(name))
     return report

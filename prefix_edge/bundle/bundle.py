@@ -15,7 +15,7 @@ from ..errors import PrefixEdgeError
 from . import prefixfile
 from .layout import MANIFEST, confined
 from .manifest import BackendInfo, Manifest
-from .verify import file_hashes, sha256_file
+from .verify import file_hashes, passed, remember_pass, sha256_file
 
 MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
 
@@ -132,11 +132,21 @@ class Bundle:
         return path
 
     def read_prefix(self, task: str, backend: str, fingerprint: str, verify: str = "cached"):
-        """(tensors, metadata, path) of the task's prefix file, checked as prefix_file() does; the
-        engine checks the arrays (Engine.prefix_from), then check_prefix() what it loaded."""
+        """(tensors, metadata, path, values_checked) of the task's prefix file, checked as
+        prefix_file() does; the engine checks the arrays (Engine.prefix_from: the O(bytes) walk
+        only unless `values_checked`, i.e. this very file passed it before), then check_prefix()
+        what it loaded."""
         path = self.prefix_file(task, backend, fingerprint, verify)
         tensors, meta = prefixfile.read(path)
-        return tensors, meta, path
+        rel = self.manifest.tasks[task].prefixes[backend].file
+        checked = verify == "cached" and passed(self.root, rel, f"{backend}:{fingerprint}")
+        return tensors, meta, path, checked
+
+    def prefix_passed(self, task: str, backend: str, fingerprint: str) -> None:
+        """Remember that the task's prefix file passed every check for this model (its stat
+        identity and hash with it), so the next load skips the engine's walk of its values."""
+        rel = self.manifest.tasks[task].prefixes[backend].file
+        remember_pass(self.root, rel, f"{backend}:{fingerprint}")
 
     def check_prefix(self, task: str, path: Path, meta: dict[str, str], n_tokens: int, n_virtual: int,
                      fingerprint: str) -> None:

@@ -38,42 +38,113 @@ STATE = "state"
 MAX_BYTES = 16 << 30
 
 
-def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors."""
-    from safetensors import safe_open
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+           "I8": "i1", "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?"}
+MAX_HEADER = 100 << 20  # safetensors' own limit on the JSON header
 
+
+def _header(f, path: Path, size: int) -> tuple[dict, int]:
+    """The safetensors JSON header and the data section's offset in the file."""
+    import json
+
+    head = f.read(8)
+    if len(head) != 8:
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: shorter than its header")
+    n = int.from_bytes(head, "little")
+    if n > min(MAX_HEADER, size - 8):
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: header length {n} does not fit the file")
     try:
-        if Path(path).stat().st_size > MAX_BYTES:
+        header = json.loads(f.read(n))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: its header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: its header is not an object")
+    return header, 8 + n
+
+
+def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors.
+
+    The safetensors layout (what safetensors.numpy.save_file wrote at export), read in ONE
+    readinto of the data section into a buffer the tensors are views of, after the header's
+    every entry is checked (dtype, shape, offsets inside the data, no gap or overlap): a prefix
+    is read from the page cache at memory speed, once, and owned by the process (a later write
+    to the file cannot change what was read)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
             raise PrefixEdgeError(f"{path}: prefix file is larger than {MAX_BYTES >> 30} GB")
-        with safe_open(str(path), framework="np") as f:
-            meta = dict(f.metadata() or {})
-            names = set(f.keys())
+        with open(path, "rb", buffering=0) as f:
+            header, start = _header(f, path, size)
+            entries = _entries(header, path, size - start)
             for n in need or []:
-                if n not in names:
+                if n not in entries:
                     raise PrefixEdgeError(f"{path}: prefix file lacks tensor {n!r}")
-            tensors = {n: f.get_tensor(n) for n in (need or sorted(names))}
+            data = np.empty(size - start, np.uint8)
+            if f.readinto(memoryview(data)) != data.size:
+                raise PrefixEdgeError(f"{path}: cannot read prefix file: it changed while being read")
     except PrefixEdgeError:
         raise
-    except Exception as e:  # safetensors' and numpy's own errors
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PrefixEdgeError(f"{path}: cannot read prefix file: {msg}") from None
+    except OSError as e:
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: {e.strerror or e}") from None
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: its metadata is not a string map")
+    tensors = {}
+    for name in (need or sorted(entries)):
+        dtype, shape, lo, hi = entries[name]
+        raw = data[lo:hi]
+        t = raw.view(dtype) if lo % np.dtype(dtype).itemsize == 0 else raw.copy().view(dtype)
+        tensors[name] = t.reshape(shape)
     fmt = meta.get("prefix_format_version", PREFIX_FORMAT_VERSION)
     if fmt != PREFIX_FORMAT_VERSION:
         raise PrefixEdgeError(f"{path}: prefix file format {fmt!r}, this prefix-edge reads "
                               f"{PREFIX_FORMAT_VERSION!r}; re-export the bundle")
-    return tensors, meta
+    return tensors, dict(meta)
+
+
+def _entries(header: dict, path: Path, n_data: int) -> dict[str, tuple]:
+    """name -> (dtype, shape, start, end) for every tensor, checked as safetensors checks them."""
+    out, spans = {}, []
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        ok = isinstance(e, dict) and e.get("dtype") in _DTYPES and isinstance(e.get("shape"), list) \
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"]) \
+            and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2 \
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in e["data_offsets"])
+        if not ok:
+            raise PrefixEdgeError(f"{path}: cannot read prefix file: tensor {name!r} has a malformed entry")
+        lo, hi = e["data_offsets"]
+        dtype = _DTYPES[e["dtype"]]
+        if not 0 <= lo <= hi <= n_data or hi - lo != int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(dtype).itemsize:
+            raise PrefixEdgeError(f"{path}: cannot read prefix file: tensor {name!r} does not fit its "
+                                  "offsets or the file")
+        out[name] = (dtype, tuple(e["shape"]), lo, hi)
+        spans.append((lo, hi))
+    end = 0
+    for lo, hi in sorted(spans):
+        if lo != end:
+            raise PrefixEdgeError(f"{path}: cannot read prefix file: its tensors overlap or leave a gap")
+        end = hi
+    if end != n_data:
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: {n_data - end} bytes after its tensors")
+    return out
 
 
 def metadata(path: Path) -> dict[str, str]:
     """Only the metadata (no tensor is read)."""
-    from safetensors import safe_open
-
+    path = Path(path)
     try:
-        with safe_open(str(path), framework="np") as f:
-            return dict(f.metadata() or {})
-    except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PrefixEdgeError(f"{path}: cannot read prefix file: {msg}") from None
+        with open(path, "rb", buffering=0) as f:
+            header, _ = _header(f, path, path.stat().st_size)
+    except OSError as e:
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: {e.strerror or e}") from None
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict):
+        raise PrefixEdgeError(f"{path}: cannot read prefix file: its metadata is not a string map")
+    return {str(k): str(v) for k, v in meta.items()}
 
 
 def require(tensors: dict, names: list[str], where: str) -> None:

@@ -37,6 +37,7 @@ def hash_files(root: Path, rel_paths) -> dict[str, str]:
 
 CACHE = "verified.json"
 MAX_ENTRIES = 1024  # the cache keeps the most recently verified files only
+MAX_CHECKS = 8      # verdicts kept per file (one per engine and model it was checked for)
 _MEM: dict[str, dict] = {}  # this process's verified files (same entries as the file)
 
 
@@ -69,14 +70,16 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     for rel in missing:
         p, st = stats[rel]
         entry = cache.get(str(p))
+        checks: list = []
         if isinstance(entry, dict) and entry.get("stat") == _stamp(st) and isinstance(entry.get("sha256"), str):
             out[rel] = entry["sha256"]
+            checks = [c for c in entry.get("checks", []) if isinstance(c, str)][-MAX_CHECKS:]
         else:
             out[rel] = sha256_file(p)
             cache.pop(str(p), None)
             cache[str(p)] = {"stat": _stamp(st), "sha256": out[rel]}
             changed = True
-        _MEM[str(p)] = {"stat": _stamp(st), "sha256": out[rel]}
+        _MEM[str(p)] = {"stat": _stamp(st), "sha256": out[rel], "checks": checks}
     if changed and verify == "cached":
         while len(cache) > MAX_ENTRIES:  # oldest first
             cache.pop(next(iter(cache)))
@@ -84,3 +87,33 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     while len(_MEM) > MAX_ENTRIES:
         _MEM.pop(next(iter(_MEM)))
     return out
+
+
+def passed(root: Path, rel: str, check: str) -> bool:
+    """Whether the file, unchanged since its hash was taken here (the same stat identity, in
+    "cached" verification), already passed `check` (an engine's check of its contents for one
+    model): its O(bytes) walk need not run again."""
+    p = (root / rel).resolve()
+    entry = _MEM.get(str(p))
+    if not entry or check not in entry.get("checks", ()):
+        return False
+    try:
+        return entry["stat"] == _stamp(p.stat())
+    except OSError:
+        return False
+
+
+def remember_pass(root: Path, rel: str, check: str) -> None:
+    """Record that the file (as hashed) passed `check`, for this process and the next ones."""
+    from ..paths import read_cache, write_cache
+
+    p = (root / rel).resolve()
+    entry = _MEM.get(str(p))
+    if entry is None or check in entry.get("checks", ()):
+        return
+    entry["checks"] = [*entry.get("checks", []), check][-MAX_CHECKS:]
+    cache = read_cache(CACHE)
+    disk = cache.get(str(p))
+    if isinstance(disk, dict) and disk.get("stat") == entry["stat"] and disk.get("sha256") == entry["sha256"]:
+        disk["checks"] = entry["checks"]
+        write_cache(CACHE, cache)

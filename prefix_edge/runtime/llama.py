@@ -221,9 +221,10 @@ class LlamaBackend(OneSequence):
         tensors, meta = prefixfile.read(path, [prefixfile.STATE, prefixfile.IDS])
         return self.prefix_from(tensors, meta, str(path))
 
-    def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix:
-        """A Prefix from a prefix file's tensors and metadata; the blob is walked and checked
-        against this model before anything reaches llama.cpp."""
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
+        """A Prefix from a prefix file's tensors and metadata; the blob is parsed and checked
+        against this model before anything reaches llama.cpp (its values walked for NaN/inf
+        unless `values_checked`: this file passed that walk before, unchanged since)."""
         if meta.get("backend", self.name) != self.name:
             raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not gguf")
         baked_with = meta.get("state_version")
@@ -238,14 +239,14 @@ class LlamaBackend(OneSequence):
                                   "expected uint8 [bytes]")
         prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes),
                         n_virtual=prefixfile.n_virtual(meta, where))
-        self._check(prefix, where)
+        self._check(prefix, where, walk=not values_checked)
         prefix.checked_by = self  # seq_restore need not walk this blob again
         return prefix
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
         return prefixfile.read_ids(path)
 
-    def _check(self, prefix: Prefix, where: str = "prefix") -> None:
+    def _check(self, prefix: Prefix, where: str = "prefix", walk: bool = True) -> None:
         if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
             raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
         try:
@@ -253,7 +254,7 @@ class LlamaBackend(OneSequence):
             check_seq_state(info, self.expected_state(prefix.n_tokens))
         except PrefixEdgeError as e:
             raise PrefixEdgeError(f"{where}: {e}") from None
-        if not all_finite(prefix.kv, info):  # restored, NaN/inf would poison the shared cache
+        if walk and not all_finite(prefix.kv, info):  # restored, NaN/inf would poison the shared cache
             raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
         if np.any(prefix.ids < 0) or np.any(prefix.ids >= self.n_vocab):
             raise PrefixEdgeError(f"{where}: prefix ids outside this model's vocabulary "

@@ -135,8 +135,9 @@ class OnnxBackend(OneSequence):
         tensors, meta = prefixfile.read(path)
         return self.prefix_from(tensors, meta, str(path))
 
-    def prefix_from(self, tensors: dict, meta: dict, where: str) -> Prefix:
-        """A Prefix from a prefix file's tensors and metadata, checked against this model."""
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
+        """A Prefix from a prefix file's tensors and metadata, checked against this model
+        (values_checked: this file's values passed the finiteness walk before, unchanged since)."""
         if meta.get("backend", self.name) != self.name:
             raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not onnx")
         prefixfile.require(tensors, [prefixfile.IDS], where)
@@ -150,7 +151,7 @@ class OnnxBackend(OneSequence):
                 raise PrefixEdgeError(
                     f"{where}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
                     f"{np.dtype(self.kv_dtype)}{list(want)}")
-            if not np.isfinite(t).all():
+            if not values_checked and not np.isfinite(t).all():
                 raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
         return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 

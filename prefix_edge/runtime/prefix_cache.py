@@ -26,10 +26,13 @@ class PrefixCache:
         if task in self._lru:
             self._lru.move_to_end(task)
             return self._lru[task], True
-        tensors, meta, path = self.bundle.read_prefix(task, self.backend.name, self.fingerprint, self.verify)
-        prefix = self.backend.prefix_from(tensors, meta, str(path))
+        name = self.backend.name
+        tensors, meta, path, checked = self.bundle.read_prefix(task, name, self.fingerprint, self.verify)
+        prefix = self.backend.prefix_from(tensors, meta, str(path), values_checked=checked)
         self.bundle.check_prefix(task, path, prefix.metadata, prefix.n_tokens, prefix.n_virtual,
                                  self.fingerprint)
+        if not checked and self.verify == "cached":
+            self.bundle.prefix_passed(task, name, self.fingerprint)
         if self.capacity:
             self._lru[task] = prefix
             while len(self._lru) > self.capacity:
