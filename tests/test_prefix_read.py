@@ -48,6 +48,7 @@ def _raw(header: dict, data: bytes) -> bytes:
     (struct.pack("<Q", 3) + b"{{{", "not valid JSON"),
     (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4), "does not fit"),
     (_raw({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "malformed"),
+    (_raw({"a": {"dtype": "F32", "shape": [1 << 32, 1 << 32], "data_offsets": [0, 0]}}, b""), "does not fit"),
     (_raw({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
            "b": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 8), "overlap or leave a gap"),
     (_raw({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 12), "bytes after its tensors"),

@@ -24,6 +24,7 @@ export's baking calls through the backends' save_prefix.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +119,7 @@ def _entries(header: dict, path: Path, n_data: int) -> dict[str, tuple]:
             raise PrefixEdgeError(f"{path}: cannot read prefix file: tensor {name!r} has a malformed entry")
         lo, hi = e["data_offsets"]
         dtype = _DTYPES[e["dtype"]]
-        if not 0 <= lo <= hi <= n_data or hi - lo != int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(dtype).itemsize:
+        if not 0 <= lo <= hi <= n_data or hi - lo != math.prod(e["shape"]) * np.dtype(dtype).itemsize:
             raise PrefixEdgeError(f"{path}: cannot read prefix file: tensor {name!r} does not fit its "
                                   "offsets or the file")
         out[name] = (dtype, tuple(e["shape"]), lo, hi)
