@@ -100,7 +100,7 @@ class Runtime(Requests):
         their budget): less memory and task switches without a restore, but a greedy answer
         may change with what else is in the cache (near-tie steps). turn_cache_bytes: host
         memory for the KV of conversations so far (turn_cache.py; 0: off). verify: "cached"
-        reuses a model file's hash while its stat identity is unchanged (runtime/verify.py);
+        reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
         "full" always hashes."""
         from tokenizers import Tokenizer
 
