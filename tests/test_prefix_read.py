@@ -35,6 +35,8 @@ def test_same_as_safetensors(tmp_path):
     for n in want:
         assert got[n].dtype == want[n].dtype and got[n].shape == want[n].shape and np.array_equal(got[n], want[n])
     assert set(prefixfile.read(p, ["b"])[0]) == {"b"}
+    some, _ = prefixfile.read(p, ["d", "b"])  # only the span of those tensors is read
+    assert all(np.array_equal(some[n], want[n]) and some[n].dtype == want[n].dtype for n in ("b", "d"))
 
 
 def _raw(header: dict, data: bytes) -> bytes:

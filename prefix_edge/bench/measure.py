@@ -71,13 +71,18 @@ class Bench:
     def model_file(self, backend: str) -> Path:
         return self.opened.model_file(backend)
 
+    def engine_options(self, backend: str) -> dict:
+        """What the bundle's prefixes need of an engine beyond the model file (llama.cpp's KV
+        type and state layout)."""
+        from ..runtime.llama_lib import gguf_state_options
+
+        return gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
+
     def open(self, backend: str, n_ctx: int):
         from ..runtime.engines import open_backend
 
-        from ..runtime.llama_lib import gguf_state_options
-
-        extra = gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
-        return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx, **extra)
+        return open_backend(backend, self.model_file(backend), threads=self.threads, n_ctx=n_ctx,
+                            **self.engine_options(backend))
 
     def bake(self, be, ids: np.ndarray, name: str) -> Path:
         path = self.tmp / f"{be.name}-{name}.safetensors"
@@ -214,11 +219,7 @@ class Bench:
             finally:
                 be.close()
         file_hashes(path.parent, [path.name])  # hashed once, as at a bundle's first open
-        extra = "{}"
-        if backend == "gguf":
-            from ..runtime.llama_lib import gguf_state_options
-
-            extra = repr(gguf_state_options(self.manifest.backends[backend].state))
+        extra = repr(self.engine_options(backend))
         code = (
             "import json, time\n"
             "from pathlib import Path\n"

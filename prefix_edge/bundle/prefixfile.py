@@ -67,7 +67,8 @@ def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarra
     """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors.
 
     The safetensors layout (what safetensors.numpy.save_file wrote at export), read in ONE
-    readinto of the data section into a buffer the tensors are views of, after the header's
+    readinto of the data section (with `need`: of the span those tensors lie in) into a buffer
+    the tensors are views of, after the header's
     every entry is checked (dtype, shape, offsets inside the data, no gap or overlap): a prefix
     is read from the page cache at memory speed, once, and owned by the process (a later write
     to the file cannot change what was read)."""
@@ -82,7 +83,13 @@ def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarra
             for n in need or []:
                 if n not in entries:
                     raise PrefixEdgeError(f"{path}: prefix file lacks tensor {n!r}")
-            data = np.empty(size - start, np.uint8)
+            names = need or sorted(entries)
+            if need:  # only those tensors' bytes (e.g. the ids of a large prefix)
+                lo, hi = min(entries[n][2] for n in need), max(entries[n][3] for n in need)
+            else:
+                lo, hi = 0, size - start
+            f.seek(start + lo)
+            data = np.empty(hi - lo, np.uint8)
             if f.readinto(memoryview(data)) != data.size:
                 raise PrefixEdgeError(f"{path}: cannot read prefix file: it changed while being read")
     except PrefixEdgeError:
@@ -93,10 +100,10 @@ def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarra
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise PrefixEdgeError(f"{path}: cannot read prefix file: its metadata is not a string map")
     tensors = {}
-    for name in (need or sorted(entries)):
-        dtype, shape, lo, hi = entries[name]
-        raw = data[lo:hi]
-        t = raw.view(dtype) if lo % np.dtype(dtype).itemsize == 0 else raw.copy().view(dtype)
+    for name in names:
+        dtype, shape, a, b = entries[name]
+        raw = data[a - lo:b - lo]
+        t = raw.view(dtype) if (a - lo) % np.dtype(dtype).itemsize == 0 else raw.copy().view(dtype)
         tensors[name] = t.reshape(shape)
     fmt = meta.get("prefix_format_version", PREFIX_FORMAT_VERSION)
     if fmt != PREFIX_FORMAT_VERSION:

@@ -106,8 +106,7 @@ class Runtime(Requests):
 
         bundle = Bundle.open(path)
         backend = choose_backend(bundle, backend)
-        bundle.backend(backend)  # the bundle has it
-        fingerprint, hashes = bundle.check_model(backend, verify)
+        fingerprint, hashes = bundle.check_model(backend, verify)  # refuses a backend it lacks
         for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
                                  ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
                                  ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64),
