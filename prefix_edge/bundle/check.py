@@ -71,7 +71,9 @@ def _check(d: dict) -> None:
         "vocab_size": lambda v: _int(v, 1, 1 << 24), "n_ctx": lambda v: _int(v, 1, 1 << 24),
         "rope": _dict, "source": _str,
         "eos_token_ids": lambda v: isinstance(v, list) and all(_int(x, 0, vocab) for x in v),
-    })
+        "sliding_layers": lambda v: isinstance(v, list) and all(_int(x, 0, 4095) for x in v),
+        "sliding_window": lambda v: _int(v, 0, 1 << 24),
+    }, optional={"sliding_layers", "sliding_window"})
     _fields(d["tokenizer"], "tokenizer", {
         "file": _str, "sha256": _hex, "chat_template_sha256": lambda v: v is None or _hex(v),
         "chat_template": lambda v: v is None or (_str(v) and len(v) < 1 << 20),

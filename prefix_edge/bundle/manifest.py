@@ -33,6 +33,8 @@ class ModelInfo:
     rope: dict[str, Any]
     eos_token_ids: list[int]
     source: str
+    sliding_layers: list[int] = field(default_factory=list)  # layers attending to a window only
+    sliding_window: int = 0                                 # of this many positions (Gemma 3)
 
 
 @dataclass

@@ -107,7 +107,7 @@ def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:
     from .peft import adapter_kv
 
     if adapter.is_kv:
-        be.begin(kv_prefix(be, *adapter_kv(adapter, m)))
+        be.begin(kv_prefix(be, *adapter_kv(adapter, m), m))
     elif be.name == "gguf":
         be.begin(None)
         be.prefill_embeddings(adapter.embeddings)
@@ -119,9 +119,9 @@ def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:
         raise PrefixEdgeError(f"no soft-prompt route for the {be.name} backend")
 
 
-def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
+def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo) -> Prefix:
     """A Prefix of V virtual positions for backend `be` from per-layer HF-layout K and V
-    ([n_kv_heads, V, head_dim] each, keys un-rotated as PEFT uses them)."""
+    ([n_kv_heads, V, head_dim] each, keys un-rotated as PEFT uses them) of model `m`."""
     from .peft import hf_keys_to_llama_cpp
 
     V = keys[0].shape[1]
@@ -134,7 +134,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
         kv = [named[n] for n in be.past_names]
         return Prefix(empty, kv, {}, sum(t.nbytes for t in kv), n_virtual=V)
     if be.name == "gguf":
-        from ..runtime.seqstate import build_seq_state
+        from ..runtime.seqstate_write import build_seq_state
 
         if be.rope_layout == "adjacent":
             keys = [hf_keys_to_llama_cpp(k) for k in keys]
@@ -147,8 +147,14 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray]) -> Prefix:
 
         from ..runtime.llama import KV_TYPES
 
+        if be.n_swa and (len(m.sliding_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
+            raise PrefixEdgeError(
+                f"the GGUF model keeps {be.swa_n_layer} sliding-window layers of {be.n_swa} positions, "
+                f"the checkpoint's config {len(m.sliding_layers)} of {m.sliding_window}: cannot place "
+                "a prefix-tuning KV in its caches")
         blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans,
-                               kv_type=KV_TYPES[be.kv_type], rotation=be.kv_rotation)
+                               kv_type=KV_TYPES[be.kv_type], rotation=be.kv_rotation,
+                               swa_layers=m.sliding_layers if be.n_swa else (), window=be.n_swa)
         state = np.frombuffer(blob, np.uint8)
         return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
     raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")

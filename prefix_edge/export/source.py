@@ -73,13 +73,15 @@ def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     rope = {"theta": cfg.get("rope_theta", 10000.0), "scaling": cfg.get("rope_scaling")}
+    sliding = [i for i, t in enumerate(cfg.get("layer_types") or []) if t == "sliding_attention"]
     return ModelInfo(
         architecture=(cfg.get("architectures") or ["?"])[0], model_type=cfg.get("model_type", "?"),
         n_layers=cfg["num_hidden_layers"], n_heads=heads,
         n_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
         hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"],
         n_ctx=cfg.get("max_position_embeddings", 2048), rope=rope,
-        eos_token_ids=sorted(set(eos_token_ids)), source=source)
+        eos_token_ids=sorted(set(eos_token_ids)), source=source, sliding_layers=sliding,
+        sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0)
 
 
 def eos_ids(hf_dir: Path, tokenizer) -> list[int]:

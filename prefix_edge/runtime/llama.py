@@ -31,7 +31,8 @@ from ..errors import PrefixEdgeError
 from ..bundle import prefixfile
 from .backend import EngineConfig, OneSequence, Opened, fit_prefix
 from .prefix import Prefix
-from .seqstate import all_finite, check_seq_state, in_stream, out_of_stream, parse_seq_state, row_bytes
+from .seqstate import all_finite, check_seq_state, parse_seq_state
+from .seqstate_write import in_stream, out_of_stream, row_bytes
 
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
@@ -73,11 +74,10 @@ class LlamaBackend(OneSequence):
         if not self.model:
             raise PrefixEdgeError(f"cannot load GGUF model {model_path} (not a GGUF file, or an "
                                   "architecture this llama.cpp does not know)")
-        if int(L.llama_model_n_swa(self.model)) > 0:  # its state is two caches, pruned to the window
-            arch = self.meta("general.architecture")
-            self.close()
-            raise PrefixEdgeError(f"the gguf backend does not store prefixes of a model with "
-                                  f"sliding-window layers yet ({arch}: llama.cpp's iSWA cache); use onnx")
+        # sliding-window layers (Gemma 3): llama.cpp keeps them in a second cache (iSWA), and a
+        # sequence's state is then two caches' parts, the second pruned to the window
+        self.n_swa = int(L.llama_model_n_swa(self.model))
+        self.state_parts, self.swa_n_layer = (2 if self.n_swa > 0 else 1), 0
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_layers = int(L.llama_model_n_layer(self.model))
@@ -143,6 +143,26 @@ class LlamaBackend(OneSequence):
         t = KV_TYPES[kv_type]
         self.bytes_per_cell = self.n_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
                                                row_bytes(t, self.n_kv_heads * self.head_dim_v))
+        if self.n_swa:
+            self.swa_n_layer = self._swa_layer_count()
+
+    def _swa_layer_count(self) -> int:
+        """How many layers llama.cpp keeps in the sliding-window cache: read off the state of
+        a one-token sequence (the model's files do not always say which layers slide)."""
+        L = self._L
+        try:
+            self.forward([(0, 0, np.zeros(1, np.int64))])
+            size = L.llama_state_seq_get_size(self.ctx, 0)
+            blob = np.empty(size, np.uint8)
+            L.llama_state_seq_get_data(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0)
+            info = parse_seq_state(out_of_stream(blob, 0, self.n_stream, 2), parts=2)
+        except PrefixEdgeError as e:
+            self.close()
+            raise PrefixEdgeError(f"cannot read this model's sliding-window cache layout: {e}") from None
+        finally:
+            if self.ctx is not None:
+                L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        return info.swa.n_layer
 
     # -- model facts ----------------------------------------------------------------------
     CTX_DEFAULT = 4096      # positions per request unless n_ctx says otherwise
@@ -200,6 +220,9 @@ class LlamaBackend(OneSequence):
                "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
                "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
                "max_cells": self.n_ctx_seq}
+        if self.n_swa:
+            exp["n_layer"] = self.n_layers - self.swa_n_layer
+            exp["swa"] = {"n_layer": self.swa_n_layer, "window": self.n_swa}
         if n_tokens is not None:
             exp["cell_count"] = n_tokens
         return exp
@@ -250,7 +273,7 @@ class LlamaBackend(OneSequence):
         if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
             raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
         try:
-            info = parse_seq_state(prefix.kv)
+            info = parse_seq_state(prefix.kv, self.state_parts)
             check_seq_state(info, self.expected_state(prefix.n_tokens))
         except PrefixEdgeError as e:
             raise PrefixEdgeError(f"{where}: {e}") from None
@@ -271,7 +294,8 @@ class LlamaBackend(OneSequence):
             return 0
         if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
             self._check(prefix)
-        blob = in_stream(prefix.kv, seq, self.n_stream)
+        parts = parse_seq_state(prefix.kv, 2) if self.state_parts == 2 and self.n_stream > 1 else None
+        blob = in_stream(prefix.kv, seq, self.n_stream, parts)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
         if n != blob.nbytes:
@@ -304,7 +328,7 @@ class LlamaBackend(OneSequence):
                                        size, seq)
         if n != size:
             raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
-        blob = out_of_stream(blob, seq if self.n_stream > 1 else 0, self.n_stream)
+        blob = out_of_stream(blob, seq if self.n_stream > 1 else 0, self.n_stream, self.state_parts)
         return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual,
                       checked_by=self)
 
@@ -410,7 +434,9 @@ class LlamaBackend(OneSequence):
         if n != size:
             raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         blob = bytes(buf)
-        check_seq_state(parse_seq_state(blob), self.expected_state(self.pos))
+        if self.n_stream > 1:
+            blob = out_of_stream(np.frombuffer(blob, np.uint8).copy(), 0, self.n_stream, self.state_parts).tobytes()
+        check_seq_state(parse_seq_state(blob, self.state_parts), self.expected_state(self.pos))
         return blob
 
     def state_info(self) -> dict:
@@ -427,12 +453,12 @@ class LlamaBackend(OneSequence):
 
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file."""
-        write_prefix(path, ids, self.state_blob(), metadata, self.kv_type)
+        write_prefix(path, ids, self.state_blob(), metadata, self.kv_type, self.expected_state())
 
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
         """Write a Prefix (a seq_snapshot) as a prefix file, the codec's format."""
         write_prefix(path, prefix.ids, prefix.kv, {**metadata, "n_virtual": str(prefix.n_virtual)},
-                     self.kv_type)
+                     self.kv_type, self.expected_state())
 
     def _live(self) -> None:
         if self.ctx is None:
@@ -466,15 +492,17 @@ class LlamaBackend(OneSequence):
 
 
 def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str],
-                 kv_type: str = "f16") -> None:
-    """Write a gguf prefix file; the blob is walked first, its facts go into the metadata.
+                 kv_type: str = "f16", expected: dict | None = None) -> None:
+    """Write a gguf prefix file; the blob is walked first (against `expected`, the model's
+    expected_state, where given), its facts go into the metadata.
     `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     meta = {k: str(v) for k, v in metadata.items()}
     n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
-    info = parse_seq_state(blob)
-    check_seq_state(info, {"cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]})
+    expected = {**(expected or {}), "cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]}
+    info = parse_seq_state(blob, 2 if "swa" in expected else 1)
+    check_seq_state(info, expected)
     meta.update({"backend": LlamaBackend.name, "state_format": STATE_FORMAT,
-                 "state_version": state_version(), "n_layer": str(info.n_layer),
+                 "state_version": state_version(), "n_layer": str(sum(p.n_layer for p in info.parts)),
                  "v_trans": str(int(info.v_trans)), "kv_type": kv_type, "n_tokens": str(n_cells)})
     prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)

@@ -20,6 +20,12 @@ llama-architecture model, where cells carry no M-RoPE extension):
                              n_embd_v_gqa x (cell_count x v_elem_bytes)   (V transposed)
 
 A K row is [n_kv_heads][head_dim] post-RoPE, in llama.cpp's rotation layout.
+
+A model with sliding-window layers (Gemma 3: llama.cpp's iSWA cache) writes two caches' parts
+after the one magic and seq_id, each laid out as above from n_stream on: the full-attention
+layers' cache (every cell), then the sliding-window layers' cache, which holds only the cells
+still inside the window (the last n_swa positions; llama.cpp leaves out masked cells).
+Writing blobs (and re-laying them for a context's streams) is seqstate_write.py.
 """
 
 from __future__ import annotations
@@ -68,6 +74,12 @@ class SeqStateInfo:
     n_layer: int
     layers: list[LayerInfo] = field(default_factory=list)
     nbytes: int = 0
+    span: tuple[int, int] = (8, 0)   # [start, end) of this cache's part (from its n_stream on)
+    swa: SeqStateInfo | None = None  # an iSWA blob: the sliding-window layers' part, after this one
+
+    @property
+    def parts(self) -> list[SeqStateInfo]:
+        return [self] if self.swa is None else [self, self.swa]
 
     # per-model summaries (layer 0; check_seq_state insists every layer agrees)
     @property
@@ -122,32 +134,48 @@ class _Reader:
         return start
 
 
-def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray) -> SeqStateInfo:
-    """Walk a whole blob; raise PrefixEdgeError unless it is one well-formed sequence state."""
-    buf = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else memoryview(
-        np.ascontiguousarray(blob).view(np.uint8).reshape(-1))
+def _view(blob) -> memoryview:
+    if isinstance(blob, np.ndarray):
+        return memoryview(np.ascontiguousarray(blob).view(np.uint8).reshape(-1))
+    return memoryview(blob).cast("B")
+
+
+def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: int = 1) -> SeqStateInfo:
+    """Walk a whole blob; raise PrefixEdgeError unless it is one well-formed sequence state of
+    `parts` caches' parts (2: a model with sliding-window layers)."""
+    buf = _view(blob)
     r = _Reader(buf)
     magic = r.read("<I", "magic")
     if magic != SEQ_STATE_MAGIC:
         raise PrefixEdgeError(f"not a llama.cpp seq-state blob: magic {magic:#010x}, "
                               f"expected {SEQ_STATE_MAGIC:#010x}")
     seq_id = r.read("<i", "seq_id")
-    n_stream = r.read("<I", "n_stream")
+    found = [_read_part(r, seq_id, k) for k in range(parts)]
+    if r.off != len(buf):
+        raise PrefixEdgeError(f"seq-state blob has {len(buf) - r.off} trailing bytes after "
+                              f"offset {r.off} (corrupt, or written by another llama.cpp layout)")
+    info = found[0]
+    info.swa = found[1] if parts == 2 else None
+    info.nbytes = len(buf)
+    return info
+
+
+def _read_part(r: _Reader, seq_id: int, k: int) -> SeqStateInfo:
+    start = r.off
+    what = "" if k == 0 else "sliding-window cache: "
+    n_stream = r.read("<I", what + "n_stream")
     if n_stream != 1:
         raise PrefixEdgeError(f"seq-state blob has {n_stream} KV streams; this runtime reads "
                               "blobs of one-sequence contexts (exactly 1 stream)")
-    cell_count = r.read("<I", "cell_count")
-    if cell_count * 12 > len(buf) - r.off:   # a cell is at least pos + n_seq_id + one seq id
+    cell_count = r.read("<I", what + "cell_count")
+    if cell_count * 12 > len(r.buf) - r.off:   # a cell is at least pos + n_seq_id + one seq id
         raise PrefixEdgeError(f"seq-state blob truncated or corrupt: cell_count {cell_count} "
-                              f"needs over {cell_count * 12} bytes, {len(buf) - r.off} left")
+                              f"needs over {cell_count * 12} bytes, {len(r.buf) - r.off} left")
     positions, cell_seq = _read_cells(r, cell_count)
     info = SeqStateInfo(seq_id, n_stream, cell_count, positions, cell_seq, False, 0)
     if cell_count:
         _read_data(r, info)
-    if r.off != len(buf):
-        raise PrefixEdgeError(f"seq-state blob has {len(buf) - r.off} trailing bytes after "
-                              f"offset {r.off} (corrupt, or written by another llama.cpp layout)")
-    info.nbytes = len(buf)
+    info.span = (start, r.off)
     return info
 
 
@@ -208,8 +236,11 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
     """Compare a parsed blob with what the model/manifest says; raise naming the first mismatch.
 
     Keys of `expected` (each optional): n_layer, cell_count, k_type, v_type, k_row_bytes,
-    v_row_bytes, v_trans, n_embd_v_gqa, max_cells. Positions must be 0..cell_count-1 and every
-    cell must belong to exactly one sequence, whatever `expected` holds."""
+    v_row_bytes, v_trans, n_embd_v_gqa, max_cells, and for a model with sliding-window layers
+    swa = {"n_layer": layers in the sliding-window cache, "window": n_swa} (n_layer then counts
+    the full-attention cache's). Positions must be 0..cell_count-1 (the sliding-window part:
+    the last min(cell_count, window) of them) and every cell must belong to exactly one
+    sequence, whatever `expected` holds."""
     def bad(what: str, got, want) -> PrefixEdgeError:
         return PrefixEdgeError(f"prefix KV state does not fit: {what} is {got}, expected {want}")
 
@@ -219,119 +250,60 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
         raise bad("cell count", info.cell_count, f"at most {expected['max_cells']} (n_ctx)")
     if info.cell_count == 0:
         raise PrefixEdgeError("prefix KV state is empty (0 cells)")
-    if np.any(info.cell_seq_ids < 0):
-        raise PrefixEdgeError("prefix KV state has cells shared by several sequences")
-    want_pos = np.arange(info.cell_count, dtype=np.int32)
-    if not np.array_equal(info.positions, want_pos):
-        i = int(np.flatnonzero(info.positions != want_pos)[0])
-        raise bad(f"position of cell {i}", int(info.positions[i]), i)
-    if "n_layer" in expected and info.n_layer != expected["n_layer"]:
-        raise bad("layer count", info.n_layer, expected["n_layer"])
-    if "v_trans" in expected and info.v_trans != bool(expected["v_trans"]):
-        raise bad("v_trans (V layout; flash attention off = transposed)", info.v_trans,
-                  bool(expected["v_trans"]))
-    for il, lay in enumerate(info.layers):
-        for key, got, fmt in (("k_type", lay.k_type, type_name), ("v_type", lay.v_type, type_name),
-                              ("k_row_bytes", lay.k_row_bytes, str),
-                              ("v_row_bytes", lay.v_row_bytes, str)):
-            want = expected.get(key, getattr(info.layers[0], key))
-            if got != want:
-                raise bad(f"layer {il} {key}", fmt(got), fmt(want))
-        if info.v_trans and "n_embd_v_gqa" in expected and lay.n_embd_v_gqa != expected["n_embd_v_gqa"]:
-            raise bad(f"layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
-
-
-def row_bytes(ggml_type: int, n: int) -> int:
-    """Bytes of one cache row of n values in a KV type this runtime restores (f16 or q8_0)."""
-    if ggml_type == GGML_TYPE_Q8_0:
-        return n // Q8_0_BLOCK * Q8_0_BYTES
-    return 2 * n
-
-
-def q8_0_rows(a: np.ndarray) -> np.ndarray:
-    """Rows [P, n] (n % 32 == 0) as ggml's Q8_0 bytes [P, n/32*34] (f16 scale, 32 int8),
-    rounded as ggml's CPU quantizer does (quantize/blocks.py)."""
-    from ..quantize.blocks import q8_0
-
-    q, d = q8_0(a, Q8_0_BLOCK, np.dtype("<f2"), ggml_rounding=True)
-    out = np.empty((*q.shape[:-1], Q8_0_BYTES), np.uint8)
-    out[..., :2] = d[..., None].view(np.uint8)
-    out[..., 2:] = q.view(np.uint8)
-    return out.reshape(q.shape[0], -1)
-
-
-def hadamard(n: int) -> np.ndarray:
-    """The normalized Sylvester Hadamard matrix of order n (a power of 2), float32."""
-    if n < 1 or n & (n - 1):
-        raise PrefixEdgeError(f"no Hadamard rotation of order {n} (not a power of 2)")
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(np.float32)
-
-
-def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
-                    seq_id: int = 0, kv_type: int = GGML_TYPE_F16, rotation: int = 0) -> bytes:
-    """A blob holding cells 0..P-1 of sequence `seq_id`, from per-layer float16 K and V
-    arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout), cached as `kv_type`.
-
-    q8_0: llama.cpp needs flash attention (V untransposed) and may keep a quantized cache's K
-    and V rotated, each head by the normalized Hadamard matrix of order `rotation` (0: not
-    rotated; runtime/llama.py kv_rotation says which); the rows are rotated so, then quantized
-    as ggml does."""
-    if kv_type == GGML_TYPE_Q8_0 and v_trans:
-        raise PrefixEdgeError("build_seq_state: a q8_0 cache has V untransposed (flash attention)")
-    if not k or len(k) != len(v):
-        raise PrefixEdgeError(f"build_seq_state: {len(k)} K layers vs {len(v)} V layers")
-    arrs = [np.asarray(a) for a in (*k, *v)]
-    p = arrs[0].shape[0] if arrs[0].ndim == 2 else -1
-    for i, a in enumerate(arrs):
-        if a.ndim != 2 or a.shape[0] != p or a.dtype != np.float16:
-            raise PrefixEdgeError(f"build_seq_state: {'KV'[i >= len(k)]} layer {i % len(k)} is "
-                                  f"{a.dtype}{list(a.shape)}; need float16 [{p}, n_embd]")
-    n_layer = len(k)
-    cells = np.empty((p, 3), "<i4")
-    cells[:, 0], cells[:, 1], cells[:, 2] = np.arange(p), 1, seq_id
-    parts = [struct.pack("<IiII", SEQ_STATE_MAGIC, seq_id, 1, p), cells.tobytes(),
-             struct.pack("<II", int(v_trans), n_layer)]
-    if kv_type == GGML_TYPE_Q8_0:
-        h = hadamard(rotation) if rotation else None
-        for a in (*k, *v):
-            x = np.asarray(a, np.float32)
-            if h is not None:
-                x = (x.reshape(p, -1, rotation) @ h.T).reshape(p, -1)
-            rows = q8_0_rows(x)
-            parts += [struct.pack("<iQ", GGML_TYPE_Q8_0, rows.shape[1]), rows.tobytes()]
-        return b"".join(parts)
-    for a in k:
-        parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2").tobytes()]
-    for a in v:
-        if v_trans:
-            parts += [struct.pack("<iII", GGML_TYPE_F16, 2, a.shape[1]),
-                      np.ascontiguousarray(a.T).astype("<f2").tobytes()]
-        else:
-            parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2").tobytes()]
-    return b"".join(parts)
+    swa = expected.get("swa")
+    if (swa is None) != (info.swa is None):
+        raise bad("sliding-window cache part", "present" if info.swa else "absent",
+                  "present" if swa else "absent")
+    n = info.cell_count
+    for part, first, n_layer in ((info, 0, expected.get("n_layer")),
+                                 (info.swa, max(0, n - int((swa or {}).get("window", 0))), (swa or {}).get("n_layer"))):
+        if part is None:
+            continue
+        where = "sliding-window cache " if part is info.swa else ""
+        if np.any(part.cell_seq_ids < 0):
+            raise PrefixEdgeError("prefix KV state has cells shared by several sequences")
+        want_pos = np.arange(first, n, dtype=np.int32)
+        if part.cell_count != want_pos.size:
+            raise bad(f"{where}cell count", part.cell_count, want_pos.size)
+        if not np.array_equal(part.positions, want_pos):
+            i = int(np.flatnonzero(part.positions != want_pos)[0])
+            raise bad(f"{where}position of cell {i}", int(part.positions[i]), int(want_pos[i]))
+        if n_layer is not None and part.n_layer != n_layer:
+            raise bad(f"{where}layer count", part.n_layer, n_layer)
+        if "v_trans" in expected and part.v_trans != bool(expected["v_trans"]):
+            raise bad("v_trans (V layout; flash attention off = transposed)", part.v_trans,
+                      bool(expected["v_trans"]))
+        for il, lay in enumerate(part.layers):
+            for key, got, fmt in (("k_type", lay.k_type, type_name), ("v_type", lay.v_type, type_name),
+                                  ("k_row_bytes", lay.k_row_bytes, str),
+                                  ("v_row_bytes", lay.v_row_bytes, str)):
+                want = expected.get(key, getattr(info.layers[0], key))
+                if got != want:
+                    raise bad(f"{where}layer {il} {key}", fmt(got), fmt(want))
+            if part.v_trans and "n_embd_v_gqa" in expected and lay.n_embd_v_gqa != expected["n_embd_v_gqa"]:
+                raise bad(f"{where}layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
 
 
 def extract_kv(blob, info: SeqStateInfo | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per-layer K and V as float16 [cell_count, n_embd] (cell order); the inverse of
-    build_seq_state. K arrays (and V when not transposed) are read-only views of the blob."""
+    """Per-layer K and V as float16 [cells, n_embd] (cell order), the layers of each cache's
+    part in turn (an iSWA blob: the full-attention layers, then the sliding-window layers with
+    their fewer cells); the inverse of build_seq_state. K arrays (and V when not transposed)
+    are read-only views of the blob."""
     info = info or parse_seq_state(blob)
-    buf = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else memoryview(
-        np.ascontiguousarray(blob).view(np.uint8).reshape(-1))
-    n = info.cell_count
+    buf = _view(blob)
     ks, vs = [], []
-    for il, lay in enumerate(info.layers):
-        if lay.k_type != GGML_TYPE_F16 or lay.v_type != GGML_TYPE_F16:
-            raise PrefixEdgeError(f"extract_kv: layer {il} K/V are {type_name(lay.k_type)}/"
-                                  f"{type_name(lay.v_type)}; only f16 caches can be extracted")
-        ks.append(np.frombuffer(buf, "<f2", n * lay.k_row_bytes // 2, lay.k_offset).reshape(n, -1))
-        if info.v_trans:
-            vt = np.frombuffer(buf, "<f2", n * lay.n_embd_v_gqa, lay.v_offset)
-            vs.append(np.ascontiguousarray(vt.reshape(lay.n_embd_v_gqa, n).T))
-        else:
-            vs.append(np.frombuffer(buf, "<f2", n * lay.v_row_bytes // 2, lay.v_offset).reshape(n, -1))
+    for part in info.parts:
+        n = part.cell_count
+        for il, lay in enumerate(part.layers):
+            if lay.k_type != GGML_TYPE_F16 or lay.v_type != GGML_TYPE_F16:
+                raise PrefixEdgeError(f"extract_kv: layer {il} K/V are {type_name(lay.k_type)}/"
+                                      f"{type_name(lay.v_type)}; only f16 caches can be extracted")
+            ks.append(np.frombuffer(buf, "<f2", n * lay.k_row_bytes // 2, lay.k_offset).reshape(n, -1))
+            if part.v_trans:
+                vt = np.frombuffer(buf, "<f2", n * lay.n_embd_v_gqa, lay.v_offset)
+                vs.append(np.ascontiguousarray(vt.reshape(lay.n_embd_v_gqa, n).T))
+            else:
+                vs.append(np.frombuffer(buf, "<f2", n * lay.v_row_bytes // 2, lay.v_offset).reshape(n, -1))
     return ks, vs
 
 
@@ -339,6 +311,13 @@ def all_finite(blob, info: SeqStateInfo) -> bool:
     """No NaN or infinity in the blob's K and V data (F16: all exponent bits set; tested on the
     integer view, which is much faster than a float16 isfinite; Q8_0: in the blocks' scales)."""
     buf = memoryview(blob).cast("B") if not isinstance(blob, np.ndarray) else blob.data
+    for part in info.parts:
+        if not _part_finite(buf, part):
+            return False
+    return True
+
+
+def _part_finite(buf, info: SeqStateInfo) -> bool:
     n = info.cell_count
     for lay in info.layers:
         if lay.k_type == GGML_TYPE_Q8_0 or lay.v_type == GGML_TYPE_Q8_0:
@@ -356,38 +335,3 @@ def all_finite(blob, info: SeqStateInfo) -> bool:
             if count and np.any((np.frombuffer(buf, "<u2", count, off) & 0x7C00) == 0x7C00):
                 return False
     return True
-
-
-def in_stream(blob: np.ndarray, stream: int, n_stream: int) -> np.ndarray:
-    """A one-stream blob (as bundles store them) re-laid for a context with `n_stream` KV
-    streams (llama.cpp `kv_unified = false`: one stream per sequence), the cells in `stream`:
-    the stream count, then an empty stream (cell_count 0) for every other one."""
-    b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
-    if n_stream == 1:
-        return b
-    if b.size < 12 or int(b[8:12].view("<u4")[0]) != 1 or not 0 <= stream < n_stream:
-        raise PrefixEdgeError("seq-state blob: expected a one-stream blob to place in a stream")
-    out = np.zeros(b.size + 4 * (n_stream - 1), np.uint8)
-    out[:8] = b[:8]
-    out[8:12] = np.array([n_stream], "<u4").view(np.uint8)
-    at = 12 + 4 * stream
-    out[at:at + b.size - 12] = b[12:]
-    return out
-
-
-def out_of_stream(blob: np.ndarray, stream: int, n_stream: int) -> np.ndarray:
-    """The inverse of in_stream: the one-stream blob of `stream` from a blob that llama.cpp
-    wrote for a context of `n_stream` KV streams (every other stream empty). A view of `blob`,
-    whose header bytes it rewrites."""
-    b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
-    if n_stream == 1:
-        return b
-    tail = 4 * (n_stream - 1 - stream)
-    at = 12 + 4 * stream
-    if b.size < at + 4 + tail or int(b[8:12].view("<u4")[0]) != n_stream or \
-            np.any(b[12:at].view("<u4")) or (tail and np.any(b[b.size - tail:].view("<u4"))):
-        raise PrefixEdgeError("seq-state blob: not a blob of one sequence's stream")
-    head = b[:8].copy()  # the one-stream header goes just before the stream's data: no copy
-    b[at - 12:at - 4] = head
-    b[at - 4:at] = np.array([1], "<u4").view(np.uint8)
-    return b[at - 12:b.size - tail]
