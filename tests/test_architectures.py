@@ -1,24 +1,24 @@
 """The invariant on the architectures people deploy, both backends: tiny seeded random
 checkpoints in the shapes of Llama 3.2 (llama3 RoPE), Qwen3, Phi-4-mini (partial rotary),
-SmolLM3 (no-RoPE layers) and Granite (multipliers), each exported (ONNX fp32 through the own
+SmolLM3 (no-RoPE layers), Granite (multipliers) and Gemma 3 (5 sliding-window layers : 1
+global, a window of 8 positions, shorter than the task prefixes), each exported (ONNX fp32 through the own
 graph, GGUF f32 through llama.cpp's converter) with a text task and a PEFT prefix-tuning adapter:
 - the deployed models match transformers (the export's fidelity probes: ONNX to 1e-4);
 - a baked text prefix gives the first-step logits and the greedy tokens of prefilling it;
-- a baked adapter gives PEFT's own first-step logits and greedy tokens.
-Gemma 3 is refused in one line on both (its sliding-window layers: llama.cpp's iSWA cache)."""
+- a baked adapter gives PEFT's own first-step logits and greedy tokens."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from prefix_edge import PrefixEdgeError, Runtime
+from prefix_edge import Runtime
 
 from .test_gguf_convert import _build
 from .test_parity import baked_and_prefilled
 from .test_peft import make_adapter
 
-ARCHS = ["llama3.2", "qwen3", "phi3", "smollm3", "granite"]
+ARCHS = ["llama3.2", "qwen3", "phi3", "smollm3", "granite", "gemma3"]
 INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
 N = 8
 TASKS = '''
@@ -110,15 +110,3 @@ def test_baked_adapter_is_peft(arch, backend):
             assert int(np.argmax(got)) == int(np.argmax(first)), (kind, text)
             if backend == "onnx":  # fp32 all the way: the whole greedy run
                 assert rt.generate("tuned", text, max_tokens=N).tokens[:len(want)] == want, (kind, text)
-
-
-def test_gemma3_is_refused_in_one_line(tmp_path):
-    from prefix_edge.export.build import export_bundle
-
-    built = _build("gemma3", tmp_path / "model", convert=False)
-    (tmp_path / "tasks.toml").write_text(TASKS.split("[task.tuned]")[0], encoding="utf-8")
-    for fmt, needle in (("onnx", "does not know Gemma3ForCausalLM"),):
-        with pytest.raises(PrefixEdgeError, match=needle) as e:
-            export_bundle(built.hf_dir, tmp_path / "tasks.toml", tmp_path / f"b-{fmt}", formats=(fmt,),
-                          quantize="none", gguf_quant="f32", progress=False)
-        assert "\n" not in str(e.value)

@@ -68,7 +68,7 @@ def test_malformed_files_are_one_line_errors(tmp_path, blob, words):
 def test_a_passed_prefix_skips_the_walk_until_the_file_changes(bundle_int4, backend):
     if backend == "gguf":
         pytest.importorskip("llama_cpp")
-    from prefix_edge.bundle.verify import CACHE
+    from prefix_edge.bundle.verify import cache_name
     from prefix_edge.paths import read_cache
     from prefix_edge.runtime.backend import EngineConfig
     from prefix_edge.runtime.engines import engine_class
@@ -83,7 +83,7 @@ def test_a_passed_prefix_skips_the_walk_until_the_file_changes(bundle_int4, back
         assert not b.read_prefix("support", backend, fp)[3]
         walked = PrefixCache(b, be, fp).get("support")[0]
         assert b.read_prefix("support", backend, fp)[3]  # this process, and the next one:
-        assert f"{backend}:{fp}" in read_cache(CACHE)[str(path.resolve())]["checks"]
+        assert f"{backend}:{fp}" in read_cache(cache_name(b.root))[str(path.resolve())]["checks"]
         again = PrefixCache(b, be, fp).get("support")[0]
         kv = (lambda p: [np.asarray(p.kv)] if backend == "gguf" else p.kv)
         assert all(np.array_equal(x, y) for x, y in zip(kv(walked), kv(again)))

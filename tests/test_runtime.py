@@ -112,7 +112,7 @@ def test_user_text_never_becomes_control_tokens(bundle_int4):
 
 
 def test_hash_cache_never_hides_a_change(bundle_int4, tmp_path, monkeypatch):
-    """Model hashes are remembered by stat identity (in memory and in verified.json): a file
+    """Model hashes are remembered by stat identity (in memory and in the home's verified/ cache): a file
     changed after a verified open is re-hashed and refused; a corrupt cache only costs a re-hash."""
     import shutil
 
@@ -120,7 +120,9 @@ def test_hash_cache_never_hides_a_change(bundle_int4, tmp_path, monkeypatch):
     b = shutil.copytree(bundle_int4, tmp_path / "b")
     with Runtime.open(b, backend="onnx") as rt:
         rt.generate("raw", "x", max_tokens=1)
-    (tmp_path / "home" / "verified.json").write_text("[1, 2")  # corrupt
+    from prefix_edge.bundle.verify import cache_name
+
+    (tmp_path / "home" / cache_name(b)).write_text("[1, 2")  # corrupt
     with Runtime.open(b, backend="onnx") as rt:
         rt.generate("raw", "x", max_tokens=1)
     f = b / "onnx" / "model.onnx"

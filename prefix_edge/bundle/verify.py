@@ -1,7 +1,8 @@
 """Model-file hashes for the fingerprint check, without re-hashing hundreds of MB per open.
 
 Hashing a 200 MB model costs ~0.35 s here, most of a cold start. A file's sha256 is computed
-once and remembered in `$PREFIX_EDGE_HOME/verified.json` together with the file's stat
+once and remembered in `$PREFIX_EDGE_HOME/verified/ROOT.json` (one small file per bundle or
+directory, so a lookup reads only that bundle's entries) together with the file's stat
 identity (device, inode, size, mtime_ns, ctime_ns); an open whose stat identity matches reuses
 the hash. Any write to the file changes mtime/ctime, so a changed model is hashed again and
 refused. `verify="full"` always hashes.
@@ -35,10 +36,15 @@ def hash_files(root: Path, rel_paths) -> dict[str, str]:
     return out
 
 
-CACHE = "verified.json"
-MAX_ENTRIES = 1024  # the cache keeps the most recently verified files only
+MAX_ENTRIES = 1024  # a cache file keeps the most recently verified files only
 MAX_CHECKS = 8      # verdicts kept per file (one per engine and model it was checked for)
 _MEM: dict[str, dict] = {}  # this process's verified files (same entries as the file)
+
+
+def cache_name(root: Path) -> str:
+    """The cache file (under $PREFIX_EDGE_HOME) of the files under `root`."""
+    key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:24]
+    return f"verified/{key}.json"
 
 
 def _stamp(st: os.stat_result) -> list[int]:
@@ -65,7 +71,7 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
             missing.append(rel)
     if not missing:
         return out  # the hot path: no file I/O beyond one stat per file
-    cache = read_cache(CACHE) if verify == "cached" else {}
+    cache = read_cache(cache_name(root)) if verify == "cached" else {}
     changed = False
     for rel in missing:
         p, st = stats[rel]
@@ -83,7 +89,7 @@ def file_hashes(root: Path, rel_paths, verify: str = "cached") -> dict[str, str]
     if changed and verify == "cached":
         while len(cache) > MAX_ENTRIES:  # oldest first
             cache.pop(next(iter(cache)))
-        write_cache(CACHE, cache)
+        write_cache(cache_name(root), cache)
     while len(_MEM) > MAX_ENTRIES:
         _MEM.pop(next(iter(_MEM)))
     return out
@@ -112,8 +118,8 @@ def remember_pass(root: Path, rel: str, check: str) -> None:
     if entry is None or check in entry.get("checks", ()):
         return
     entry["checks"] = [*entry.get("checks", []), check][-MAX_CHECKS:]
-    cache = read_cache(CACHE)
+    cache = read_cache(cache_name(root))
     disk = cache.get(str(p))
     if isinstance(disk, dict) and disk.get("stat") == entry["stat"] and disk.get("sha256") == entry["sha256"]:
         disk["checks"] = entry["checks"]
-        write_cache(CACHE, cache)
+        write_cache(cache_name(root), cache)

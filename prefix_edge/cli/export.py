@@ -20,7 +20,7 @@ def export(
     quantize: str = typer.Option("int4", "--quantize", help="ONNX weights: none | int8 | int4 (or an int4 recipe, e.g. int4:block=32,sym=1,acc=4,embed=8,head=8)."),
     gguf_quant: Optional[str] = typer.Option(None, "--gguf-quant", help="GGUF weights: keep | f32 | f16 | q8_0 | q4_k_m | q4_1 | ... (default: keep a .gguf source's type; q8_0 for an HF dir)."),
     prefix_store: str = typer.Option("f32", "--prefix-store", help="How ONNX task prefixes store their KV: f32 (exact: baked == prefilled) | f16 | q8_0 (4.3x smaller; measured agreement in the README)."),
-    onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; llama/mistral/qwen2) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
+    onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; Llama, Mistral, Qwen2/3, Phi-3, SmolLM3, Granite, Gemma 3) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
     gguf_kv: str = typer.Option("f16", "--gguf-kv", help="llama.cpp KV cache type the GGUF prefixes are baked in and the runtime computes in: f16 | q8_0 (half the prefix bytes and KV memory; runs with flash attention; measured in the README)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
 ) -> None:

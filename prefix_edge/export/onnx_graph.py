@@ -24,7 +24,16 @@ Supported, each checked against transformers (tests/test_architectures.py):
 - Phi3ForCausalLM (Phi-3, Phi-4-mini): fused qkv and gate_up weights, partial rotary;
 - SmolLM3ForCausalLM: layers without RoPE (GQA's do_rotary off there);
 - GraniteForCausalLM: the embedding multiplier (a Mul), the residual multiplier and
-  1/logits_scaling folded into o_proj, down_proj and lm_head, attention_multiplier as GQA's scale.
+  1/logits_scaling folded into o_proj, down_proj and lm_head, attention_multiplier as GQA's scale;
+- Gemma3ForCausalLM (text-only Gemma 3, e.g. 1B): embeddings times sqrt(hidden_size) (a Mul: the
+  tied lm_head reads the unscaled table), every RMSNorm's (1 + w) folded into its weight, the
+  post-attention and post-feedforward norms on each sublayer's output before its residual add,
+  per-head q/k norms, query_pre_attn_scalar ** -0.5 as the scale, GELU-tanh (FastGelu), and the
+  config's layer_types: sliding layers get GQA's local window (local_window_size =
+  sliding_window: both attend to the last sliding_window keys, the query's own included) and
+  their own RoPE (rope_local_base_freq, no scaling: a second cos/sin cache), global layers
+  rope_theta with the config's rope_scaling. Logit soft-capping and bidirectional attention are
+  refused.
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
@@ -41,7 +50,8 @@ import numpy as np
 from ..errors import PrefixEdgeError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM")
+                 "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM")
+GEMMA3_LAYERS = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 OPSET = 18  # Split's num_outputs
 
@@ -61,14 +71,36 @@ def _config(hf_dir: Path) -> dict:
     if kind not in ROPE_TYPES:
         raise _refuse(f"{kind!r} RoPE scaling (it depends on the sequence length)" if kind in
                       ("dynamic", "longrope") else f"{kind!r} RoPE scaling")
-    act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
-    if act != "silu":
-        raise _refuse(f"{act!r} activation")
-    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM"):
+    gemma = arch == "Gemma3ForCausalLM"  # its MLP reads hidden_activation, GELU-tanh
+    act = cfg.get("hidden_activation", "gelu_pytorch_tanh") if gemma else \
+        cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
+    if act != ("gelu_pytorch_tanh" if gemma else "silu"):
+        raise _refuse(f"{act!r} activation{' on ' + arch if gemma else ''}")
+    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM"):
         raise _refuse(f"attention bias on {arch}")
     if cfg.get("mlp_bias"):
         raise _refuse("MLP bias")
     return cfg
+
+
+def _gemma3(hf_dir: Path, cfg: dict):
+    """Gemma 3's text config as transformers reads it (its defaults: layer_types from
+    sliding_window_pattern, head_dim, query_pre_attn_scalar ...), refused where the graph cannot
+    follow it."""
+    from transformers import AutoConfig
+
+    bad = [t for t in cfg.get("layer_types") or () if t not in GEMMA3_LAYERS]
+    if bad:  # before transformers, whose config refuses them in its own words
+        raise _refuse(f"{bad[0]!r} layers on Gemma3ForCausalLM (it builds {', '.join(GEMMA3_LAYERS)})")
+    c = AutoConfig.from_pretrained(str(hf_dir))
+    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(c, k, None) is not None:
+            raise _refuse(f"{k} ({getattr(c, k)}) on Gemma3ForCausalLM")
+    if getattr(c, "use_bidirectional_attention", False):
+        raise _refuse("bidirectional attention (use_bidirectional_attention) on Gemma3ForCausalLM")
+    if "sliding_attention" in c.layer_types and not c.sliding_window:
+        raise _refuse("sliding_attention layers without a sliding_window on Gemma3ForCausalLM")
+    return c
 
 
 def _weights(hf_dir: Path) -> dict[str, np.ndarray]:
@@ -85,14 +117,18 @@ def _weights(hf_dir: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def rope_cache(hf_dir: Path, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_cache(hf_dir: Path, n_pos: int, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [n_pos, rotary_dim/2] as transformers computes them for this config (its own
-    RoPE init function: partial rotary, linear/llama3/yarn scaling, yarn's attention factor)."""
+    RoPE init function: partial rotary, linear/llama3/yarn scaling, yarn's attention factor).
+    `local`: Gemma 3's sliding layers' RoPE, built as transformers builds it (rope_theta set to
+    rope_local_base_freq, default RoPE)."""
     import torch
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = AutoConfig.from_pretrained(str(hf_dir))
+    if local:
+        config.rope_theta, config.rope_scaling = config.rope_local_base_freq, {"rope_type": "default"}
     kind = (getattr(config, "rope_scaling", None) or {}).get("rope_type", "default")
     inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv.float()[None, :]
@@ -107,6 +143,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     hf_dir = Path(hf_dir)
     cfg = _config(hf_dir)
     arch = cfg["architectures"][0]
+    gc = _gemma3(hf_dir, cfg) if arch == "Gemma3ForCausalLM" else None  # refused before any weight
     w = _weights(hf_dir)
     hidden, n_layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     n_heads = int(cfg["num_attention_heads"])
@@ -116,12 +153,25 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     n_pos = int(cfg.get("max_position_embeddings", 2048))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     window = int(window) if window and int(window) < n_pos else -1
-    qk_norm = arch == "Qwen3ForCausalLM"
+    gemma = arch == "Gemma3ForCausalLM"
+    qk_norm = arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM")
     granite = arch == "GraniteForCausalLM"
     rope_on = [True] * n_layers
     if arch == "SmolLM3ForCausalLM":
         rope_on = [bool(v) for v in cfg.get("no_rope_layers") or [1] * n_layers]
     attn_scale = float(cfg["attention_multiplier"]) if granite else float(head_dim) ** -0.5
+    windows = [window] * n_layers  # GQA's local_window_size per layer (-1: none)
+    local = [False] * n_layers  # the layer uses the local RoPE cache (Gemma 3's sliding layers)
+    if gemma:
+        head_dim, attn_scale = int(gc.head_dim), float(gc.query_pre_attn_scalar) ** -0.5
+        local = [t == "sliding_attention" for t in gc.layer_types]
+        # transformers: query i sees key j when i - sliding_window < j <= i, the last
+        # sliding_window keys; so does GQA with local_window_size = sliding_window (checked
+        # against transformers past 2x the window: tests/test_gemma3_onnx.py)
+        windows = [int(gc.sliding_window) if s else -1 for s in local]
+        for k in w:  # Gemma3RMSNorm scales by (1 + w)
+            if k.endswith("norm.weight"):
+                w[k] = w[k] + np.float32(1.0)
     res_mult = float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0
     if arch == "Phi3ForCausalLM":  # fused projections, split as HF splits them
         q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
@@ -157,8 +207,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             y = node("Add", [y, init(name + ".bias", bias)], [name + "/bias_out"], name + "/Add")
         return y
 
+    def norm(x: str, weight: str, name: str) -> str:
+        """RMSNorm over the hidden dim (no residual to fuse)."""
+        return node("SimplifiedLayerNormalization", [x, init(weight, w[weight])], [name + "/out"], name,
+                    axis=-1, epsilon=eps)
+
     def head_norm(x: str, weight: str, heads: int, name: str) -> str:
-        """RMSNorm over each head's head_dim values (Qwen3's q_norm / k_norm)."""
+        """RMSNorm over each head's head_dim values (Qwen3's and Gemma 3's q_norm / k_norm)."""
         shaped = node("Reshape", [x, init(name + "/shape", np.array([0, 0, heads, head_dim], np.int64))],
                       [name + "/heads"], name + "/Reshape")
         normed = node("SimplifiedLayerNormalization", [shaped, init(weight, w[weight])], [name + "/normed"],
@@ -172,8 +227,14 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                       "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
     init("cos_cache", cos)
     init("sin_cache", sin)
+    if any(local):
+        for name, a in zip(("cos_cache_local", "sin_cache_local"), rope_cache(hf_dir, n_pos, local=True)):
+            init(name, a)
     x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
              ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
+    if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
+        x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
+                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
     if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
         x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
                  ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
@@ -181,11 +242,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     outputs = []
     for i in range(n_layers):
         p = f"model.layers.{i}"
-        ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
         if pending is None:
-            h = node("SimplifiedLayerNormalization", [residual, ln1], [f"/{p}/ln1/out"], f"/{p}/ln1",
-                     axis=-1, epsilon=eps)
+            h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
         else:
+            ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
             h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
                                      [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
                                      domain="com.microsoft", epsilon=eps)
@@ -202,27 +262,35 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         ok, ov = f"present.{i}.key", f"present.{i}.value"
         attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=int(rope_on[i]), rotary_interleaved=0,
                      scale=attn_scale)
-        if window > 0:
-            attrs["local_window_size"] = window
-        a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length",
-                                         "cos_cache" if rope_on[i] else "", "sin_cache" if rope_on[i] else ""],
+        if windows[i] >= 0:
+            attrs["local_window_size"] = windows[i]
+        rope = [f"{t}_cache{'_local' if local[i] else ''}" if rope_on[i] else "" for t in ("cos", "sin")]
+        a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length", *rope],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
         outputs += [ok, ov]
         o = linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
-        ln2 = init(f"{p}.post_attention_layernorm.weight", w[f"{p}.post_attention_layernorm.weight"])
+        if gemma:  # Gemma's sandwich: each sublayer's output normed before its residual add
+            o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
+        ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
+        ln2 = init(ln2_key, w[ln2_key])
         h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
                                   [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
                                   domain="com.microsoft", epsilon=eps)
         gu_ = linear(h2, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], f"/{p}/mlp/gate_up_proj")
         g, u = node("Split", [gu_], [f"/{p}/mlp/gate", f"/{p}/mlp/up"], f"/{p}/mlp/Split", axis=-1,
                     num_outputs=2)
-        sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
-        act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
+        if gemma:  # gelu_pytorch_tanh: FastGelu is the same tanh approximation
+            act = node("FastGelu", [g], [f"/{p}/mlp/gelu"], f"/{p}/mlp/FastGelu", domain="com.microsoft")
+        else:
+            sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
+            act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
         gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
         pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
-    norm = init("model.norm.weight", w["model.norm.weight"])
-    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, norm], ["/model/norm/out"],
+        if gemma:
+            pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
+    final = init("model.norm.weight", w["model.norm.weight"])
+    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], ["/model/norm/out"],
               "/model/norm", domain="com.microsoft", epsilon=eps)
     last = node("Slice", [hn, init("last_start", np.array([-1], np.int64)),
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),

@@ -64,6 +64,12 @@ def embeddings_graph(model_path: Path, hidden: int):
                 if name in dups:
                     node.input[i] = out
         dtype = _dtype(inits.get(nxt[0].input[1]))
+    # Gemma 3 scales token embeddings inside its embedding module (the own graph's embed_scale
+    # Mul); embeddings given to transformers (a soft prompt, through PEFT) skip that scale
+    nxt = [n for n in g.node if out in n.input]
+    if len(nxt) == 1 and nxt[0].op_type == "Mul" and nxt[0].name == "/model/embed_tokens/embed_scale":
+        removed.append(nxt[0])
+        out = nxt[0].output[0]
     for n in removed:
         g.node.remove(n)
     used = {i for node in g.node for i in node.input}

@@ -163,7 +163,7 @@ def _publish(staging: Path, model_sha256: str) -> None:
     except OSError:  # not written, or another process published this entry first
         shutil.rmtree(staging, ignore_errors=True)
         return
-    try:  # hashed at their final paths, so the next open finds them in verified.json
+    try:  # hashed at their final paths, so the next open finds them in the hash cache
         hashes = file_hashes(entry, FILES, "cached")
         tmp = entry / f".entry.json.tmp-{os.getpid()}"
         tmp.write_text(json.dumps({"sha256": hashes, "format": CACHE_FORMAT}))
