@@ -8,9 +8,11 @@ P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
                                          [--out docs/scale.json] [--threads 2]
                                          [--prefix-lengths 1024,4096] [--runs 2] [--peers]
 
-The tokenizer is the default model's (SmolLM2, 49,152 tokens) under each config's own
-vocabulary size: the embedding and output matrices have the real shapes; the extra rows are
-padding that no request touches.
+The tokenizer is the default model's (SmolLM2, 49,152 tokens, byte-level BPE) grown to each
+config's own vocabulary size with merges of its tokens and one more byte (ranked last, so
+they change little of how text tokenizes): the embedding and output matrices have the real
+shapes and every row is a token llama.cpp's converter and tokenizer accept. The context is
+8192 positions, so P = 4096 fits with its input.
 """
 
 from __future__ import annotations
@@ -46,6 +48,31 @@ max_tokens = 16
 '''
 
 
+CONTEXT = 8192
+
+
+def grow_tokenizer(src: Path, out: Path, vocab_size: int) -> None:
+    """Copy the tokenizer files in `src` to `out`, its BPE vocabulary grown to `vocab_size`
+    tokens: token + byte for the tokens in id order, each with its merge, lowest rank last."""
+    for f in src.iterdir():
+        shutil.copy(f, out / f.name)
+    data = json.loads((src / "tokenizer.json").read_text())
+    vocab, merges = data["model"]["vocab"], data["model"]["merges"]
+    special = {t["content"] for t in data.get("added_tokens", [])}
+    alphabet = [t for t in vocab if len(t) == 1 and t not in special]
+    base = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in special]
+    for tok in base:
+        for ch in alphabet:
+            if len(vocab) >= vocab_size:
+                break
+            if tok + ch not in vocab:
+                vocab[tok + ch] = len(vocab)
+                merges.append([tok, ch] if isinstance(merges[0], list) else f"{tok} {ch}")
+    if len(vocab) != vocab_size or sorted(vocab.values()) != list(range(vocab_size)):
+        raise SystemExit(f"cannot grow the tokenizer to {vocab_size} tokens")
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+
+
 def build(name: str, out: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -53,7 +80,7 @@ def build(name: str, out: Path, tokenizer_dir: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     cfg = dict(CONFIGS[name])
-    cfg["max_position_embeddings"] = 4096  # the cos/sin caches and GGUF context stay small
+    cfg["max_position_embeddings"] = CONTEXT  # the cos/sin caches and GGUF context stay small
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "bfloat16", "bos_token_id": 1,
                                                  "eos_token_id": 2, "pad_token_id": 2}))
@@ -61,8 +88,7 @@ def build(name: str, out: Path, tokenizer_dir: Path) -> Path:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
     model.save_pretrained(str(out))
-    for f in tokenizer_dir.iterdir():
-        shutil.copy(f, out / f.name)
+    grow_tokenizer(tokenizer_dir, out, cfg["vocab_size"])
     return out
 
 

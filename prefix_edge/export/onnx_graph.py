@@ -200,10 +200,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
 
     def linear(x: str, keys: list[str], name: str) -> str:
         """x @ W^T (+ b) for the weights `keys` stacked along the output dim: one MatMul."""
-        weight = np.concatenate([w[k + ".weight"] for k in keys], axis=0)
+        weight = np.concatenate([w.pop(k + ".weight") for k in keys], axis=0)  # used once: freed
         y = node("MatMul", [x, init(name + ".weight_T", weight.T)], [name + "/out"], name + "/MatMul")
         if keys[0] + ".bias" in w:
-            bias = np.concatenate([w[k + ".bias"] for k in keys])
+            bias = np.concatenate([w.pop(k + ".bias") for k in keys])
             y = node("Add", [y, init(name + ".bias", bias)], [name + "/bias_out"], name + "/Add")
         return y
 
@@ -295,7 +295,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     last = node("Slice", [hn, init("last_start", np.array([-1], np.int64)),
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
                           init("last_axis", np.array([1], np.int64))], ["/model/last"], "/model/Slice_last")
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])  # tied embeddings
+    head = w.pop("lm_head.weight", None)
+    head = w["model.embed_tokens.weight"] if head is None else head  # tied embeddings
     if granite and float(cfg.get("logits_scaling", 1.0)) != 1.0:
         head = head / np.float32(cfg["logits_scaling"])
     node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits"], "/lm_head/MatMul")
@@ -307,16 +308,21 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape) for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
                helper.make_tensor_value_info("total_sequence_length", i32, [])]
-    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(w["model.embed_tokens.weight"].shape[0])])]
+    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(head.shape[0])])]
     outs += [helper.make_tensor_value_info(n, f32, ["batch", n_kv, "total_len", head_dim]) for n in outputs]
-    graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, inits)
+    graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="prefix-edge")
     model.ir_version = 8
+    # make_graph and make_model copy what they are given: the weights go in last, one tensor at
+    # a time, each freed as it is copied (a 1B model's weights are held once, not three times)
+    large = sum(len(t.raw_data) for t in inits) > 1_800_000_000
+    inits.reverse()
+    while inits:
+        model.graph.initializer.append(inits.pop())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "model.onnx"
-    large = sum(t.nbytes for t in w.values()) > 1_800_000_000
     onnx.save_model(model, str(path), save_as_external_data=large, all_tensors_to_one_file=True,
                     location="model.onnx_data")
     return path
