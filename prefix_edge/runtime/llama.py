@@ -120,6 +120,10 @@ class LlamaBackend(OneSequence):
         # tokens) follows the placement.
         cp.n_seq_max = n_seq_max
         cp.kv_unified = kv_unified
+        # sliding-window layers (Gemma 3): their cache holds the window and one batch, not the
+        # whole context (llama.cpp's default sizes it like the full one); a sequence's state
+        # only ever holds the window's cells, so restores and snapshots are the same
+        cp.swa_full = False
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
         cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                               else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
