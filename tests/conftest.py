@@ -98,7 +98,8 @@ HEAVY_FIXTURES = {"tiny_model", "tasks_file", "bundle_fp32", "bundle_int4", "bun
 # modules whose tests build or export models themselves (or reach bundles by getfixturevalue)
 INTEGRATION_MODULES = {"test_architectures", "test_gguf_convert", "test_parity", "test_ort_cache",
                        "test_train", "test_llama_backend", "test_gguf_kv", "test_prefix_store",
-                       "test_quantize", "test_eval", "test_cli", "test_peft"}
+                       "test_quantize", "test_eval", "test_cli", "test_peft", "test_iswa_state",
+                       "test_gemma3_onnx"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..errors import PrefixEdgeError
+from .peer import PeerLoop
 
 # Deterministic filler text for synthetic prefixes of any length (tokenized by the bundle's
 # tokenizer; only the token count matters for timing).
@@ -152,13 +153,16 @@ class Bench:
         return out
 
     # c. decode --------------------------------------------------------------------------
-    def decode(self, be, n_tokens: int = 64, P: int = 128) -> dict:
+    def decode(self, be, n_tokens: int = 64, P: int = 128, peer: "PeerLoop | None" = None) -> dict:
+        """Greedy decode tok/s after a P-token prefix and 8 input tokens; with `peer`, its runs
+        interleaved with these (one each per round, both loaded), and the ratio the median of
+        the rounds' ratios, so a drift in the machine's speed hits both alike."""
         from ..runtime.text import TextStream
 
         ids = _ids(self.tokenizer, _CORPUS, P)
         prefix = be.load_prefix(self.bake(be, ids, "decode"))
-        speeds = []
-        for _ in range(self.runs):
+        speeds, peers = [], []
+        for _ in range(max(3, self.runs)):
             be.begin(prefix)
             logits = be.prefill(_ids(self.tokenizer, _INPUT.format(i=1), 8))
             stream = TextStream(self.tokenizer, [])
@@ -168,7 +172,21 @@ class Bench:
                 stream.push(tok)
                 logits = be.step(tok)
             speeds.append(n_tokens / (time.perf_counter() - t0))
-        return {"backend": be.name, "tokens": n_tokens, "context": P + 8, "tok_s": _median(speeds)}
+            if peer is not None:
+                peers.append(peer.run())
+        out = {"backend": be.name, "tokens": n_tokens, "context": P + 8, "tok_s": _median(speeds)}
+        if peers:
+            out["baseline"] = {**peer.info, "tok_s": _median(peers), "interleaved_rounds": len(peers)}
+            out["ratio"] = round(_median([a / b for a, b in zip(speeds, peers)]), 3)
+        return out
+
+    def peer_loop(self, script: str, *args) -> "PeerLoop | dict":
+        """A peer baseline loaded in its own process, run once per call (or why it cannot)."""
+        try:
+            return PeerLoop([sys.executable, str(BENCH_DIR / script), *map(str, args), "--stdin"])
+        except PrefixEdgeError as e:
+            self.log(f"  peer {script} did not start: {e}")
+            return {"error": str(e)}
 
     def peer(self, script: str, *args) -> dict | None:
         cmd = [sys.executable, str(BENCH_DIR / script), *map(str, args)]
@@ -330,20 +348,24 @@ def run_bench(bundle: Path, backends: list[str], lengths: list[int], n_input: in
             raise PrefixEdgeError(f"bundle {bundle} has no {name} model")
         log(f"[{name}]")
         ctx = n_ctx
-        be = b.open(name, ctx)
+        be, loop = b.open(name, ctx), None
         try:
             report["ttft"] += b.ttft(be, lengths, n_input)
             report["task_switch"].append(b.task_switch(be, switch_p))
-            dec = b.decode(be)
+            if peers and name == "gguf":  # the plain llama-cpp-python loop, rounds interleaved
+                loop = b.peer_loop("llama_cpp_loop.py", b.model_file("gguf"), threads, 64, 128 + 8, ctx)
+            dec = b.decode(be, peer=loop if isinstance(loop, PeerLoop) else None)
+            if isinstance(loop, dict):
+                dec["baseline"], dec["ratio"] = loop, None
         finally:
             be.close()
+            if isinstance(loop, PeerLoop):
+                loop.close()
         if peers:
-            script, args = {"gguf": ("llama_cpp_loop.py", [b.model_file("gguf"), threads, 64, 128 + 8, ctx]),
-                            "onnx": ("optimum_generate.py", [bundle, threads, 64, 128 + 8])}[name]
-            dec["baseline"] = b.peer(script, *args)
-            base = (dec["baseline"] or {}).get("tok_s")
-            dec["ratio"] = round(dec["tok_s"] / base, 3) if base else None
             if name == "onnx":
+                dec["baseline"] = b.peer("optimum_generate.py", bundle, threads, 64, 128 + 8)
+                base = (dec["baseline"] or {}).get("tok_s")
+                dec["ratio"] = round(dec["tok_s"] / base, 3) if base else None
                 dec["genai"] = b.genai_peer(threads, 64, 128 + 8)
                 g = dec["genai"].get("tok_s")
                 dec["genai_ratio"] = round(dec["tok_s"] / g, 3) if g else None

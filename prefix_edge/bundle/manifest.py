@@ -94,12 +94,15 @@ class Manifest:
         """What a baked prefix for `backend` depends on. `file_hashes` overrides the recorded
         model file hashes (the runtime passes the hashes of the files actually on disk)."""
         b = self.backends[backend]
-        m = self.model
+        model = asdict(self.model)
+        for key in ("sliding_layers", "sliding_window"):  # fields newer than format 2: in the
+            if not model[key]:                            # fingerprint once set
+                model.pop(key)
         doc = {
             "format_version": self.format_version,
             "backend": backend,
             "model_files": dict(sorted((file_hashes or b.files).items())),
-            "model": asdict(m),  # every model fact, n_ctx and eos ids included
+            "model": model,  # every model fact, n_ctx and eos ids included
             "tokenizer": self.tokenizer.sha256,
             "chat_template": self.tokenizer.chat_template_sha256,
             **({"special_tokens": self.tokenizer.special_tokens} if self.tokenizer.special_tokens else {}),
