@@ -34,6 +34,7 @@ from .prefix import Prefix
 from .seqstate import all_finite, check_seq_state, parse_seq_state
 from .seqstate_write import in_stream, out_of_stream, row_bytes
 
+from .llama_context import ContextSpec, grown_cells, make_context
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
 
@@ -43,7 +44,8 @@ class LlamaBackend(OneSequence):
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
-                 n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False):
+                 n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
+                 max_ctx_seq: int | None = None):
         L = self._L = load_llama_cpp()
         self.model = self.ctx = self.batch = None
         if kv_type not in KV_TYPES:
@@ -107,41 +109,18 @@ class LlamaBackend(OneSequence):
             raise
         self.state_version = state_version()
 
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_batch = n_batch or n_ctx  # default: a whole prompt fits one llama_decode
-        cp.n_ubatch = min(512, cp.n_batch)
-        # Several sequences. kv_unified=False (the runtime's default): each sequence has a KV
-        # stream of its own (n_ctx / n_seq_max cells) and always sits at the same cells, so its
-        # attention sums run in the same order whatever else is in the cache or the batch: a
-        # request's tokens equal its lone run. kv_unified=True: ONE cache shared by every
-        # sequence, seq_cp shares a prefix's cells instead of copying them (less memory), but a
-        # sequence's cells land wherever room is, and the sums' order (hence near-tie greedy
-        # tokens) follows the placement.
-        cp.n_seq_max = n_seq_max
-        cp.kv_unified = kv_unified
-        # sliding-window layers (Gemma 3): their cache holds the window and one batch, not the
-        # whole context (llama.cpp's default sizes it like the full one); a sequence's state
-        # only ever holds the window's cells, so restores and snapshots are the same
-        cp.swa_full = False
-        cp.type_k = cp.type_v = KV_TYPES[kv_type]
-        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
-                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        cp.no_perf = True
-        if threads:
-            cp.n_threads = cp.n_threads_batch = threads
-        self.threads = int(cp.n_threads)
-        self.ctx = L.llama_init_from_model(self.model, cp)
-        if not self.ctx:
+        self._spec = ContextSpec(n_seq_max, n_batch or n_ctx, kv_unified, KV_TYPES[kv_type], flash_attn, threads)
+        try:
+            self.ctx = make_context(L, self.model, self._spec, n_ctx, device)
+        except PrefixEdgeError:
             self.close()
-            raise PrefixEdgeError(f"cannot create a llama.cpp context (n_ctx={n_ctx}, "
-                                  f"device={device}, flash_attn={flash_attn}): out of memory?")
-        self.n_ctx = int(L.llama_n_ctx(self.ctx))
-        self.n_batch = int(L.llama_n_batch(self.ctx))
-        self.mem = L.llama_get_memory(self.ctx)
-        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
+            raise
+        self.threads = int(L.llama_n_threads(self.ctx))
+        self._adopt_context()
         self.n_stream = 1 if kv_unified else self.n_seq_max  # KV streams (1: one shared cache)
-        self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold
+        # a stream per sequence grows (the context made again) up to max_ctx_seq cells
+        self.max_ctx_seq = self.n_ctx_seq if kv_unified else max(self.n_ctx_seq, max_ctx_seq or 0)
+        self._copied: dict[int, int] = {}  # dst -> src of seq_copy not yet carried out by a decode
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
         t = KV_TYPES[kv_type]
@@ -149,6 +128,32 @@ class LlamaBackend(OneSequence):
                                                row_bytes(t, self.n_kv_heads * self.head_dim_v))
         if self.n_swa:
             self.swa_n_layer = self._swa_layer_count()
+
+    def _adopt_context(self) -> None:
+        L = self._L
+        self.n_ctx = int(L.llama_n_ctx(self.ctx))
+        self.n_batch = int(L.llama_n_batch(self.ctx))
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
+        self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold now
+
+    def _fit(self, need: int) -> None:
+        """Make room for `need` positions in every stream (llama_context.py: states read out, a
+        context with larger streams made, the states written back), up to max_ctx_seq."""
+        if need <= self.n_ctx_seq or need > self.max_ctx_seq:
+            return
+        L = self._L
+        live = [s for s in range(self.n_seq_max) if L.llama_memory_seq_pos_max(self.mem, s) >= 0]
+        # a copy llama.cpp has not carried out yet (it does at the next decode) is taken from its source
+        states = {s: self.seq_snapshot(self._copied.get(s, s), np.zeros(self.seq_pos(self._copied.get(s, s)), np.int64))
+                  for s in live}
+        cells = grown_cells(self.n_ctx_seq, need, self.max_ctx_seq)
+        ctx = make_context(L, self.model, self._spec, cells * self.n_stream, self.device)
+        L.llama_free(self.ctx)
+        self.ctx, self._copied = ctx, {}
+        self._adopt_context()
+        for s, state in states.items():
+            self.seq_restore(s, state)
 
     def _swa_layer_count(self) -> int:
         """How many layers llama.cpp keeps in the sliding-window cache: read off the state of
@@ -173,12 +178,14 @@ class LlamaBackend(OneSequence):
     CTX_SHARED = 1 << 15    # shared_kv: positions per request unless n_ctx says otherwise
     REQUEST_CELLS = 512     # shared_kv: cells per slot by default (input + default max_tokens)
     RESIDENT_SEQS = 16      # shared_kv: sequences kept for resident task prefixes
+    STREAM_START = 1024     # a slot's stream at open (at least the longest prefix + REQUEST_CELLS)
 
     @classmethod
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
-        """The bundle's GGUF model with a KV stream of its own per slot (n_ctx cells each,
-        allocated up front), or with cfg.shared_kv one cache of kv_cells cells shared by every
-        request and resident prefix (sequence 0 is then the one-sequence API's)."""
+        """The bundle's GGUF model with a KV stream of its own per slot, made at what the
+        prefixes need and grown up to n_ctx cells as requests use them (llama_context.py; with
+        cfg.kv_cells: all of it up front), or with cfg.shared_kv one cache of kv_cells cells
+        shared by every request and resident prefix (sequence 0 is then the one-sequence API's)."""
         from .cpus import default_threads
         from .llama_lib import gguf_state_options
         from .probe import require_llama
@@ -196,16 +203,20 @@ class LlamaBackend(OneSequence):
                 kv_cells = min(2 * cfg.longest_prefix + slots * cls.REQUEST_CELLS, slots * ctx)
                 kv_cells = max(1024, -(-kv_cells // 256) * 256)
             n_seq = 1 + slots + cls.RESIDENT_SEQS
-        else:  # a stream per slot, of ctx cells (llama.cpp rounds a stream up to 256 cells)
-            kv_cells, n_seq = slots * ctx, slots
+            grow_to = None
+        elif cfg.kv_cells is not None:  # a stream per slot, all of it up front, as asked
+            kv_cells, n_seq, grow_to = slots * ctx, slots, None
+        else:  # a stream per slot, from what the prefixes need, grown up to ctx cells as used
+            start = min(ctx, max(cls.STREAM_START, -(-(cfg.longest_prefix + cls.REQUEST_CELLS) // 256) * 256))
+            kv_cells, n_seq, grow_to = slots * start, slots, ctx
         be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
-                 **gguf_state_options(bundle.backend("gguf").state))
+                 max_ctx_seq=grow_to, **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
             return Opened(be, ctx, kv_cells, True, request_seqs=tuple(range(1, slots + 1)),
                           resident_seqs=tuple(range(slots + 1, be.n_seq_max)))
         # a request's stream is its own: nothing shared for the scheduler to count
-        return Opened(be, min(ctx, be.n_ctx_seq), None, False, request_seqs=tuple(range(slots)))
+        return Opened(be, min(ctx, be.max_ctx_seq), None, False, request_seqs=tuple(range(slots)))
 
     @property
     def kv_cells_total(self) -> int:
@@ -223,7 +234,7 @@ class LlamaBackend(OneSequence):
                "k_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim),
                "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
                "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
-               "max_cells": self.n_ctx_seq}
+               "max_cells": self.max_ctx_seq}
         if self.n_swa:
             exp["n_layer"] = self.n_layers - self.swa_n_layer
             exp["swa"] = {"n_layer": self.swa_n_layer, "window": self.n_swa}
@@ -298,6 +309,8 @@ class LlamaBackend(OneSequence):
             return 0
         if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
             self._check(prefix)
+        self._copied.pop(seq, None)
+        self._fit(prefix.n_tokens + 1)
         parts = parse_seq_state(prefix.kv, 2) if self.state_parts == 2 and self.n_stream > 1 else None
         blob = in_stream(prefix.kv, seq, self.n_stream, parts)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
@@ -320,6 +333,8 @@ class LlamaBackend(OneSequence):
         self._live()
         self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        if self.n_stream > 1:
+            self._copied[dst] = self._copied.get(src, src)
 
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         """Sequence `seq`'s KV now (all its positions), as a Prefix that seq_restore puts back
@@ -338,6 +353,7 @@ class LlamaBackend(OneSequence):
 
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
+            self._copied.pop(seq, None)
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
@@ -345,6 +361,7 @@ class LlamaBackend(OneSequence):
         returns each item's last-token logits. Total tokens <= n_batch."""
         L = self._L
         self._live()
+        self._fit(max(pos + np.size(ids) for _, pos, ids in items))
         b = self.batch
         k = 0
         last = []
@@ -354,7 +371,7 @@ class LlamaBackend(OneSequence):
                 raise PrefixEdgeError("forward needs at least one token per sequence")
             if pos + ids.size > self.n_ctx_seq:
                 raise PrefixEdgeError(f"context full: {pos} + {ids.size} tokens exceed the "
-                                      f"{self.n_ctx_seq} cells of a sequence (no context shift)")
+                                      f"{self.max_ctx_seq} cells of a sequence (no context shift)")
             if ids.min() < 0 or ids.max() >= self.n_vocab:
                 raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
             if k + ids.size > self.n_batch:
@@ -370,6 +387,7 @@ class LlamaBackend(OneSequence):
             last.append(k - 1)
         b.n_tokens = k
         rc = L.llama_decode(self.ctx, b)
+        self._copied.clear()  # a decode carries out every pending copy
         if rc != 0:
             for seq, pos, _ in items:  # drop whatever part of this batch was stored
                 L.llama_memory_seq_rm(self.mem, seq, pos, -1)
@@ -399,9 +417,10 @@ class LlamaBackend(OneSequence):
         if not np.all(np.isfinite(emb)):
             raise PrefixEdgeError("prefill_embeddings: the embeddings hold NaN or infinite values")
         n_all = emb.shape[0]
+        self._fit(self.pos + n_all)
         if self.pos + n_all > self.n_ctx_seq:
             raise PrefixEdgeError(f"context full: {self.pos} + {n_all} embeddings exceed "
-                                  f"n_ctx={self.n_ctx_seq} (no context shift)")
+                                  f"n_ctx={self.max_ctx_seq} (no context shift)")
         for start in range(0, n_all, self.n_batch):
             chunk = emb[start:start + self.n_batch]
             n = chunk.shape[0]

@@ -92,10 +92,10 @@ class Runtime(Requests):
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
         together (more wait in a queue of queue_size). llama.cpp: every slot has a KV stream
-        of its own, n_ctx cells (default: the model's context, at most 4096), allocated up front
-        (kv_cells = slots * n_ctx; a kv_cells given caps n_ctx at kv_cells // slots); a request
-        then gives the tokens of its lone run in a fresh runtime whatever runs beside or before
-        it. shared_kv=True instead shares one cache of kv_cells cells (default from the longest
+        of its own of up to n_ctx cells (default: the model's context, at most 4096), made at
+        what the prefixes need and grown as requests use it (a kv_cells given: allocated up
+        front, n_ctx capped at kv_cells // slots); a request then gives the tokens of its lone
+        run in a fresh runtime whatever runs beside or before it. shared_kv=True instead shares one cache of kv_cells cells (default from the longest
         prefix and slots) between all requests and resident task prefixes (resident_bytes
         their budget): less memory and task switches without a restore, but a greedy answer
         may change with what else is in the cache (near-tie steps). turn_cache_bytes: host

@@ -1,0 +1,68 @@
+"""The GGUF engine's llama.cpp context: made with the runtime's settings, and made again,
+larger, when a sequence outgrows it.
+
+llama.cpp allocates (and clears) a context's whole KV cache when the context is made, so a
+cache sized for every slot's longest possible request is resident from the first token on:
+4 slots x 4096 positions of a Qwen3-0.6B are 1.9 GB, 4.6x its Q4 weights. The engine instead
+starts each slot's stream at what the bundle's prefixes need and grows the streams (doubling,
+up to the request limit) when a sequence would pass their end: every live sequence's state is
+read out, a context with larger streams made, the states written back. A sequence sits at the
+same cells of its own stream either way and attends over the same number of cells (the used
+ones, rounded up to 256), so its tokens do not depend on when or whether the cache grew
+(tests/test_llama_growth.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PrefixEdgeError
+
+GROW_STEP = 256  # llama.cpp rounds a stream to 256 cells
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    n_seq_max: int
+    n_batch: int | None      # None: a whole context in one llama_decode
+    kv_unified: bool
+    ggml_kv_type: int
+    flash_attn: bool
+    threads: int | None
+
+
+def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
+    """A llama.cpp context of `n_ctx` cells (all streams together) for `model`."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = spec.n_batch or n_ctx  # default: a whole prompt fits one llama_decode
+    cp.n_ubatch = min(512, cp.n_batch)
+    # Several sequences. kv_unified=False (the runtime's default): each sequence has a KV
+    # stream of its own (n_ctx / n_seq_max cells) and always sits at the same cells, so its
+    # attention sums run in the same order whatever else is in the cache or the batch: a
+    # request's tokens equal its lone run. kv_unified=True: ONE cache shared by every
+    # sequence, seq_cp shares a prefix's cells instead of copying them (less memory), but a
+    # sequence's cells land wherever room is, and the sums' order (hence near-tie greedy
+    # tokens) follows the placement.
+    cp.n_seq_max = spec.n_seq_max
+    cp.kv_unified = spec.kv_unified
+    # sliding-window layers (Gemma 3): their cache holds the window and one batch, not the
+    # whole context (llama.cpp's default sizes it like the full one); a sequence's state
+    # only ever holds the window's cells, so restores and snapshots are the same
+    cp.swa_full = False
+    cp.type_k = cp.type_v = spec.ggml_kv_type
+    cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec.flash_attn
+                          else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+    cp.no_perf = True
+    if spec.threads:
+        cp.n_threads = cp.n_threads_batch = spec.threads
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise PrefixEdgeError(f"cannot create a llama.cpp context (n_ctx={n_ctx}, device={device}, "
+                              f"flash_attn={spec.flash_attn}): out of memory?")
+    return ctx
+
+
+def grown_cells(current: int, need: int, limit: int) -> int:
+    """A stream's next size: double, at least `need`, at most `limit`, a multiple of 256."""
+    cells = max(2 * current, -(-need // GROW_STEP) * GROW_STEP)
+    return min(limit, cells)
