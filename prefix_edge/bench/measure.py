@@ -296,6 +296,20 @@ class Bench:
                 runs.append(json.loads(p.stdout))
             return runs
 
+        # what a process of this runtime holds before any model: Python, the runtime's and the
+        # engine library's imports, the tokenizer (peak RSS minus this is the model's share)
+        lib = ("from prefix_edge.runtime.llama_lib import load_llama_cpp; load_llama_cpp()"
+               if backend == "gguf" else "import onnxruntime")
+        fixed_code = ("import json\nfrom prefix_edge import Runtime\nfrom tokenizers import Tokenizer\n"
+                      f"tok = Tokenizer.from_file({str(self.opened.tokenizer_file)!r})\n{lib}\n"
+                      "hwm = next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+                      "print(json.dumps({'peak_rss_bytes': hwm}))\n")
+        fixed = []
+        for _ in range(3):
+            p = subprocess.run([sys.executable, "-c", fixed_code], capture_output=True, text=True, timeout=600)
+            if p.returncode != 0:
+                raise PrefixEdgeError(f"fixed-RSS run failed: {p.stderr.strip().splitlines()[-1:]}")
+            fixed.append(json.loads(p.stdout)["peak_rss_bytes"])
         runs = measure()  # ONNX: through this machine's session cache (made by an earlier open)
         plain = measure({"PREFIX_EDGE_ORT_CACHE": "0"}) if backend == "onnx" else None
         info = self.manifest.backends[backend]
@@ -306,12 +320,16 @@ class Bench:
                "peak_rss_mb": round(rss / 1e6, 1), "model_mb": round(model_bytes / 1e6, 1),
                "prefix_mb": round(prefix_bytes / 1e6, 2),
                "rss_ratio": round(rss / (model_bytes + prefix_bytes), 2),
+               "fixed_rss_mb": round(_median(fixed) / 1e6, 1),
+               "model_rss_mb": round((rss - _median(fixed)) / 1e6, 1),
+               "model_rss_ratio": round((rss - _median(fixed)) / (model_bytes + prefix_bytes), 2),
                "torch_in_process": bool(runs[0]["heavy_imports"])}
         if plain:  # what the session cache saves: the same runs with it off
             out["cold_start_ms_no_session_cache"] = _median(r["cold_start_ms"] for r in plain)
             out["peak_rss_mb_no_session_cache"] = round(_median(r["peak_rss_bytes"] for r in plain) / 1e6, 1)
         self.log(f"  {backend} cold start {out['cold_start_ms']:.0f} ms, peak RSS {out['peak_rss_mb']} MB "
-                 f"({out['rss_ratio']}x model+prefix)" + (
+                 f"({out['rss_ratio']}x model+prefix; {out['fixed_rss_mb']} MB without a model, the rest "
+                 f"{out['model_rss_ratio']}x model+prefix)" + (
                      f"; without the session cache {out['cold_start_ms_no_session_cache']:.0f} ms, "
                      f"{out['peak_rss_mb_no_session_cache']} MB" if plain else ""))
         return out
