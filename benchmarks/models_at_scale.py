@@ -68,6 +68,9 @@ def grow_tokenizer(src: Path, out: Path, vocab_size: int) -> None:
             if tok + ch not in vocab:
                 vocab[tok + ch] = len(vocab)
                 merges.append([tok, ch] if isinstance(merges[0], list) else f"{tok} {ch}")
+    # byte-level BPE: every byte is a token, nothing to fall back to (with byte_fallback set,
+    # llama.cpp's converter writes a SentencePiece-style vocabulary whose tokenizer aborts)
+    data["model"]["byte_fallback"] = False
     if len(vocab) != vocab_size or sorted(vocab.values()) != list(range(vocab_size)):
         raise SystemExit(f"cannot grow the tokenizer to {vocab_size} tokens")
     (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
