@@ -86,4 +86,4 @@ def test_runtime_memory_follows_use(default_home, monkeypatch):
         assert upfront.backend.n_ctx_seq == 4096
         b = upfront.generate("support", text, max_tokens=24)
     assert a.stats.prefix_tokens + a.stats.input_tokens > 1024
-    assert a.tokens == b.tokens and a.stats.finish_reason == b.stats.finish_reason == "length"
+    assert len(a.tokens) > 0 and a.tokens == b.tokens and a.stats.finish_reason == b.stats.finish_reason
