@@ -34,7 +34,7 @@ from .prefix import Prefix
 from .seqstate import all_finite, check_seq_state, parse_seq_state
 from .seqstate_write import in_stream, out_of_stream, row_bytes
 
-from .llama_context import ContextSpec, grown_cells, make_context
+from .llama_context import ContextSpec, grow, make_context
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
 
@@ -116,7 +116,7 @@ class LlamaBackend(OneSequence):
             self.close()
             raise
         self.threads = int(L.llama_n_threads(self.ctx))
-        self._adopt_context()
+        self.adopt_context()
         self.n_stream = 1 if kv_unified else self.n_seq_max  # KV streams (1: one shared cache)
         # a stream per sequence grows (the context made again) up to max_ctx_seq cells
         self.max_ctx_seq = self.n_ctx_seq if kv_unified else max(self.n_ctx_seq, max_ctx_seq or 0)
@@ -129,7 +129,7 @@ class LlamaBackend(OneSequence):
         if self.n_swa:
             self.swa_n_layer = self._swa_layer_count()
 
-    def _adopt_context(self) -> None:
+    def adopt_context(self) -> None:
         L = self._L
         self.n_ctx = int(L.llama_n_ctx(self.ctx))
         self.n_batch = int(L.llama_n_batch(self.ctx))
@@ -137,41 +137,18 @@ class LlamaBackend(OneSequence):
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
         self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold now
 
-    def _fit(self, need: int) -> None:
-        """Make room for `need` positions in every stream (llama_context.py: states read out, a
-        context with larger streams made, the states written back), up to max_ctx_seq."""
-        if need <= self.n_ctx_seq or need > self.max_ctx_seq:
-            return
-        L = self._L
-        live = [s for s in range(self.n_seq_max) if L.llama_memory_seq_pos_max(self.mem, s) >= 0]
-        # a copy llama.cpp has not carried out yet (it does at the next decode) is taken from its source
-        states = {s: self.seq_snapshot(self._copied.get(s, s), np.zeros(self.seq_pos(self._copied.get(s, s)), np.int64))
-                  for s in live}
-        cells = grown_cells(self.n_ctx_seq, need, self.max_ctx_seq)
-        ctx = make_context(L, self.model, self._spec, cells * self.n_stream, self.device)
-        L.llama_free(self.ctx)
-        self.ctx, self._copied = ctx, {}
-        self._adopt_context()
-        for s, state in states.items():
-            self.seq_restore(s, state)
-
     def _swa_layer_count(self) -> int:
         """How many layers llama.cpp keeps in the sliding-window cache: read off the state of
         a one-token sequence (the model's files do not always say which layers slide)."""
-        L = self._L
         try:
             self.forward([(0, 0, np.zeros(1, np.int64))])
-            size = L.llama_state_seq_get_size(self.ctx, 0)
-            blob = np.empty(size, np.uint8)
-            L.llama_state_seq_get_data(self.ctx, blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, 0)
-            info = parse_seq_state(out_of_stream(blob, 0, self.n_stream, 2), parts=2)
+            return parse_seq_state(self.seq_snapshot(0, np.zeros(1, np.int64)).kv, parts=2).swa.n_layer
         except PrefixEdgeError as e:
             self.close()
             raise PrefixEdgeError(f"cannot read this model's sliding-window cache layout: {e}") from None
         finally:
             if self.ctx is not None:
-                L.llama_memory_seq_rm(self.mem, 0, -1, -1)
-        return info.swa.n_layer
+                self._L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     # -- model facts ----------------------------------------------------------------------
     CTX_DEFAULT = 4096      # positions per request unless n_ctx says otherwise
@@ -310,7 +287,7 @@ class LlamaBackend(OneSequence):
         if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
             self._check(prefix)
         self._copied.pop(seq, None)
-        self._fit(prefix.n_tokens + 1)
+        grow(self, prefix.n_tokens + 1)
         parts = parse_seq_state(prefix.kv, 2) if self.state_parts == 2 and self.n_stream > 1 else None
         blob = in_stream(prefix.kv, seq, self.n_stream, parts)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
@@ -361,7 +338,7 @@ class LlamaBackend(OneSequence):
         returns each item's last-token logits. Total tokens <= n_batch."""
         L = self._L
         self._live()
-        self._fit(max(pos + np.size(ids) for _, pos, ids in items))
+        grow(self, max(pos + np.size(ids) for _, pos, ids in items))
         b = self.batch
         k = 0
         last = []
@@ -417,7 +394,7 @@ class LlamaBackend(OneSequence):
         if not np.all(np.isfinite(emb)):
             raise PrefixEdgeError("prefill_embeddings: the embeddings hold NaN or infinite values")
         n_all = emb.shape[0]
-        self._fit(self.pos + n_all)
+        grow(self, self.pos + n_all)
         if self.pos + n_all > self.n_ctx_seq:
             raise PrefixEdgeError(f"context full: {self.pos} + {n_all} embeddings exceed "
                                   f"n_ctx={self.max_ctx_seq} (no context shift)")
@@ -449,16 +426,7 @@ class LlamaBackend(OneSequence):
 
     def state_blob(self) -> bytes:
         """Sequence 0's KV as a seq-state blob (after prefill of a prefix), checked."""
-        L = self._L
-        self._live()
-        size = L.llama_state_seq_get_size(self.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = L.llama_state_seq_get_data(self.ctx, buf, size, 0)
-        if n != size:
-            raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
-        blob = bytes(buf)
-        if self.n_stream > 1:
-            blob = out_of_stream(np.frombuffer(blob, np.uint8).copy(), 0, self.n_stream, self.state_parts).tobytes()
+        blob = self.seq_snapshot(0, np.zeros(self.pos, np.int64)).kv.tobytes()
         check_seq_state(parse_seq_state(blob, self.state_parts), self.expected_state(self.pos))
         return blob
 

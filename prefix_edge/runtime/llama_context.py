@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import PrefixEdgeError
 
 GROW_STEP = 256  # llama.cpp rounds a stream to 256 cells
@@ -60,6 +62,26 @@ def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
         raise PrefixEdgeError(f"cannot create a llama.cpp context (n_ctx={n_ctx}, device={device}, "
                               f"flash_attn={spec.flash_attn}): out of memory?")
     return ctx
+
+
+def grow(be, need: int) -> None:
+    """Make room for `need` positions in every stream of engine `be` (runtime/llama.py), up to
+    its max_ctx_seq: the live states read out, a context with larger streams made, the states
+    written back. A no-op while they fit."""
+    if need <= be.n_ctx_seq or need > be.max_ctx_seq:
+        return
+    L = be._L
+    live = [s for s in range(be.n_seq_max) if L.llama_memory_seq_pos_max(be.mem, s) >= 0]
+    # a copy llama.cpp has not carried out yet (it does at the next decode) is taken from its source
+    src = {s: be._copied.get(s, s) for s in live}
+    states = {s: be.seq_snapshot(src[s], np.zeros(be.seq_pos(src[s]), np.int64)) for s in live}
+    cells = grown_cells(be.n_ctx_seq, need, be.max_ctx_seq)
+    ctx = make_context(L, be.model, be._spec, cells * be.n_stream, be.device)
+    L.llama_free(be.ctx)
+    be.ctx, be._copied = ctx, {}
+    be.adopt_context()
+    for s, state in states.items():
+        be.seq_restore(s, state)
 
 
 def grown_cells(current: int, need: int, limit: int) -> int:
