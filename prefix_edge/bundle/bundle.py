@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import PrefixEdgeError
 from . import prefixfile
 from .layout import MANIFEST, confined
@@ -161,7 +163,11 @@ class Bundle:
                 f"manifest says {info.prefix_tokens} ({info.n_virtual} virtual); re-export the bundle")
 
     def prefix_ids(self, task: str, backend: str | None = None):
-        """The text ids of a task's prefix (from its file for `backend`, default the first)."""
+        """The text ids of a task's prefix as a prefill would give it: a compressed prefix's
+        whole source (manifest), else its file's for `backend` (default the first)."""
+        src = self.manifest.tasks[task].source_ids
+        if src is not None:
+            return np.asarray(src, np.int64)
         prefixes = self.manifest.tasks[task].prefixes
         entry = prefixes[backend] if backend else next(iter(prefixes.values()))
         return prefixfile.read_ids(self.path(entry.file, f"task '{task}'"))

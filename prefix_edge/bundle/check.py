@@ -105,8 +105,9 @@ def _check(d: dict) -> None:
             "adapter": lambda v: v is None or isinstance(v, dict),
             "chat_messages": lambda v: v is None or (isinstance(v, list) and all(
                 isinstance(x, dict) and set(x) == {"role", "content"} and _str(x["role"])
-                and _str(x["content"]) for x in v))},
-            optional={"n_virtual", "adapter", "chat_messages"})
+                and _str(x["content"]) for x in v)),
+            "compression": lambda v: v is None or _compression(v, positions, m["vocab_size"])},
+            optional={"n_virtual", "adapter", "chat_messages", "compression"})
         bad = sorted(set(t["defaults"]) - set(FIELDS))
         if bad:
             raise _Bad(f"{where}.defaults.{bad[0]} is not a generation option")
@@ -121,3 +122,15 @@ def _check(d: dict) -> None:
                 raise _Bad(f"{where}.prefixes.{b}: the bundle has no {b} backend")
             _fields(p, f"{where}.prefixes.{b}", {"file": _str, "sha256": _hex,
                                                   "bytes": lambda v: _int(v, 1), "fingerprint": _hex})
+
+
+def _compression(v, positions: int, vocab: int) -> bool:
+    """A compressed prefix's record: kept positions strictly increasing inside the source, as
+    many as the prefix holds, source ids in the vocabulary."""
+    if not isinstance(v, dict):
+        return False
+    kept, src = v.get("kept"), v.get("source_ids")
+    if not (isinstance(kept, list) and isinstance(src, list) and len(kept) == positions
+            and all(_int(x, 0, vocab - 1) for x in src) and all(_int(x, 0, len(src) - 1) for x in kept)):
+        return False
+    return all(a < b for a, b in zip(kept, kept[1:])) and len(src) >= len(kept)

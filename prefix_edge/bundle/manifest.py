@@ -76,6 +76,14 @@ class TaskInfo:
     n_virtual: int = 0  # leading virtual (trained) positions of the prefix; they have no ids
     adapter: dict[str, Any] | None = None  # kind "peft": peft_type, num_virtual_tokens, name, sha256, base_model
     chat_messages: list[dict[str, str]] | None = None  # chat tasks: the messages the prefix renders
+    # a compressed prefix (export --compress-prefix): method, ratio, source_tokens, kept_tokens,
+    # kept (positions of the source prefix), source_ids, reconstruction_agreement
+    compression: dict[str, Any] | None = None
+
+    @property
+    def source_ids(self) -> list[int] | None:
+        """A compressed prefix's whole text ids (what prefilling the task means), else None."""
+        return list(self.compression["source_ids"]) if self.compression else None
 
 
 @dataclass
@@ -116,8 +124,9 @@ class Manifest:
         but the prefix files themselves. Baked into each of its prefix files' metadata."""
         d = asdict(self.tasks[task])
         d.pop("prefixes")
-        if d.get("chat_messages") is None:  # a field newer than format 2: in the digest once set
-            d.pop("chat_messages", None)
+        for key in ("chat_messages", "compression"):  # fields newer than format 2: in the digest
+            if d.get(key) is None:                    # once set
+                d.pop(key, None)
         d = json.loads(json.dumps({"task": task, **d}))  # as the manifest file spells it
         return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 

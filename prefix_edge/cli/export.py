@@ -22,6 +22,7 @@ def export(
     prefix_store: str = typer.Option("f32", "--prefix-store", help="How ONNX task prefixes store their KV: f32 (exact: baked == prefilled) | f16 | q8_0 (4.3x smaller; measured agreement in the README)."),
     onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; Llama, Mistral, Qwen2/3, Phi-3, SmolLM3, Granite, Gemma 3) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
     gguf_kv: str = typer.Option("f16", "--gguf-kv", help="llama.cpp KV cache type the GGUF prefixes are baked in and the runtime computes in: f16 | q8_0 (half the prefix bytes and KV memory; runs with flash attention; measured in the README)."),
+    compress_prefix: Optional[str] = typer.Option(None, "--compress-prefix", help="Compress text tasks' prefixes: RATIO (prefix tokens per kept token, e.g. 2) | auto (per task, the largest of 4, 3, 2, 1.5 that keeps 90% reconstruction agreement) | none. Keeps the tokens the model attends to when asked to repeat the prefix; docs/compression.md."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
 ) -> None:
     """Export a model and its tasks into a bundle with precomputed task prefixes."""
@@ -33,6 +34,12 @@ def export(
         force = force or model is None  # the default bundle is rebuilt in place
     manifest = export_bundle(model, tasks, out, formats=None if format is None else [f.strip() for f in format.split(",") if f.strip()],
                              quantize=quantize, gguf_quant=gguf_quant, force=force,
-                             prefix_store=prefix_store, onnx_builder=onnx_builder, gguf_kv=gguf_kv)
+                             prefix_store=prefix_store, onnx_builder=onnx_builder, gguf_kv=gguf_kv,
+                             compress_prefix=compress_prefix)
     typer.echo(f"bundle written to {out}")
     typer.echo(json.dumps({n: t.prefix_tokens for n, t in manifest.tasks.items()}) + " prefix tokens")
+    for n, t in manifest.tasks.items():
+        c = t.compression
+        if c:
+            typer.echo(f"task {n}: {c['kept_tokens']} of {c['source_tokens']} prefix tokens kept "
+                       f"(ratio {c['ratio']}, reconstruction agreement {c['reconstruction_agreement']:.3f})")

@@ -65,11 +65,13 @@ def check_geometry(be, manifest: Manifest) -> None:
 
 def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, advance,
          adapters: dict | None = None, model_path: Path | None = None,
-         store: str | None = None) -> dict[str, TaskPrefixFile]:
+         store: str | None = None, compression=None) -> dict[str, TaskPrefixFile]:
     """Bake every task's prefix through backend `be` (the deployed model at `model_path`);
     `adapters` maps peft tasks to their export.peft.Adapter; `store` is how an onnx prefix
-    stores its KV (bundle.prefixfile.KV_STORES; None: the graph's own dtype). Fills in the backend's KV dtype,
-    state facts and fingerprint in `manifest`. Returns {task: file entry}."""
+    stores its KV (bundle.prefixfile.KV_STORES; None: the graph's own dtype); `compression`:
+    (plans {task: export.compress.Plan}, the model's inv_freq, its RoPE layers), a compressed
+    task's whole prefix prefilled and then reduced (export/compress.py). Fills in the backend's
+    KV dtype, state facts and fingerprint in `manifest`. Returns {task: file entry}."""
     check_geometry(be, manifest)
     adapters = adapters or {}
     info = manifest.backends[be.name]
@@ -92,7 +94,11 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
             if ids:
                 be.prefill(np.array(ids, np.int64))
             rel = layout.prefix_file(name, be.name)
-            be.save_prefix(root / rel, np.array(ids, np.int64), meta, **({"store": store} if store else {}))
+            plan = compression[0].get(name) if compression else None
+            if plan is None:
+                be.save_prefix(root / rel, np.array(ids, np.int64), meta, **({"store": store} if store else {}))
+            else:
+                _save_compressed(be, root / rel, plan, compression[1], compression[2], meta, store)
             (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
             out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
                                        bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)
@@ -100,6 +106,22 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
     finally:
         soft.close()
     return out
+
+
+def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store: str | None) -> None:
+    """Write the current sequence, reduced to `plan`'s kept tokens, as the task's prefix file."""
+    from .compress import compressed_kv
+
+    kv = compressed_kv(be, plan, inv_freq, rope_on)
+    kept_ids = np.asarray(plan.source_ids, np.int64)[plan.kept]
+    if be.name == "onnx":
+        from ..runtime.onnx import write_prefix
+
+        write_prefix(path, kept_ids, dict(zip(be.past_names, kv)), meta, store or "f32")
+    else:
+        from ..runtime.llama import write_prefix
+
+        write_prefix(path, kept_ids, kv.tobytes(), meta, be.kv_type, be.expected_state())
 
 
 def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:

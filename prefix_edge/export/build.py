@@ -32,10 +32,12 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
                   formats=None, quantize: str = DEFAULT_ONNX_QUANT,
                   gguf_quant: str | None = None, force: bool = False,
                   progress: bool = True, prefix_store: str = "f32",
-                  onnx_builder: str = "own", gguf_kv: str = "f16") -> Manifest:
+                  onnx_builder: str = "own", gguf_kv: str = "f16",
+                  compress_prefix: str | float | None = None) -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
     DEFAULT_GGUF_QUANT for an HF source. `gguf_kv`: llama.cpp's KV cache type the GGUF
-    prefixes are baked in and the runtime then computes in (f16, or q8_0 with flash attention)."""
+    prefixes are baked in and the runtime then computes in (f16, or q8_0 with flash attention).
+    `compress_prefix`: a ratio, "auto" or None: text tasks' prefixes compressed (export/compress.py)."""
     from ..paths import default_tasks_file
     from ..quantize.gguf import GGUF_QUANT_CHOICES
     from ..bundle.prefixfile import KV_STORES
@@ -68,6 +70,9 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
     if gguf_kv not in KV_TYPES:
         raise PrefixEdgeError(f"unknown GGUF KV cache type {gguf_kv!r}; choose one of {', '.join(KV_TYPES)}")
+    from .compress import parse_ratio
+
+    compress = parse_ratio(compress_prefix)
     specs = load_tasks(tasks_file)  # validate before any slow work
     out = Path(out)
     if out.exists() and not force:
@@ -83,7 +88,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     try:
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
-                              optional_gguf, prefix_store, onnx_builder, gguf_kv)
+                              optional_gguf, prefix_store, onnx_builder, gguf_kv, compress)
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -175,7 +180,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
            st: Stages, optional_gguf: bool = False, prefix_store: str = "f32",
-           onnx_builder: str = "own", gguf_kv: str = "f16") -> Manifest:
+           onnx_builder: str = "own", gguf_kv: str = "f16", compress=None) -> Manifest:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -205,6 +210,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx,
                             adapters[name].n_virtual if name in adapters else 0)
            for name, r in rendered.items()}
+
+    compression = _plan_compression(hf_dir, info, tok, rt_tok, ids, adapters, compress, st)
 
     backends = {}
     fusions: dict = {}
@@ -241,17 +248,20 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         r = rendered[s.name]
         a = adapters.get(s.name)
         n_virtual = a.n_virtual if a else 0
+        plan = compression[0].get(s.name) if compression else None
         manifest.tasks[s.name] = TaskInfo(
-            kind=s.kind, chat=r.chat, prefix_tokens=n_virtual + len(ids[s.name]),
+            kind=s.kind, chat=r.chat,
+            prefix_tokens=n_virtual + (len(plan.kept) if plan else len(ids[s.name])),
             input_before=r.input_before, input_after=r.input_after, template=r.template,
             defaults=dict(s.defaults), prefixes={}, n_virtual=n_virtual,
             adapter=a.manifest_entry() if a else None,
-            chat_messages=[dict(m) for m in r.messages] if r.chat else None)
+            chat_messages=[dict(m) for m in r.messages] if r.chat else None,
+            compression=plan.record() if plan else None)
 
     (root / layout.TASKS_DIR).mkdir()
     from .fidelity import GREEDY, measure, verdict
 
-    n_ctx = max([t.prefix_tokens for t in manifest.tasks.values()] +
+    n_ctx = max([t.n_virtual + len(ids[n]) for n, t in manifest.tasks.items()] +
                 [len(p) + GREEDY for p in probes]) + 8
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
@@ -261,7 +271,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
                                  {"model_sha256": backends[name].files[model_file]}))
             try:
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
-                             store=prefix_store if name == "onnx" else None)
+                             store=prefix_store if name == "onnx" else None, compression=compression)
                 result = measure(be, probes, ref)
             finally:
                 be.close()
@@ -272,6 +282,30 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
+
+
+def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict, ratio, st):
+    """(plans {task: Plan}, inv_freq, RoPE layers) for the text tasks, or None (no compression).
+    Trained (peft) prefixes are kept whole: their virtual tokens are the adapter itself."""
+    if ratio is None:
+        return None
+    from .compress import Planner, check_model
+
+    check_model(hf_dir, info)
+    plans = {}
+    texts = [n for n in ids if n not in adapters]
+    with st.stage("compress task prefixes (transformers fp32)", total=len(texts)) as advance:
+        planner = Planner(hf_dir, rt_tok, set(tok.all_special_ids))
+        try:
+            for name in texts:
+                plan = planner.plan(name, list(ids[name]), ratio)
+                if plan is not None:
+                    plans[name] = plan
+                advance()
+            inv_freq, rope_on = planner.inv_freq, planner.rope_layers
+        finally:
+            planner.close()
+    return plans, inv_freq, rope_on
 
 
 class _one_line:

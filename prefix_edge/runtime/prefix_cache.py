@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 from ..bundle import Bundle
 from ..errors import PrefixEdgeError
 from .backend import Engine
@@ -56,6 +58,8 @@ class PrefixCache:
                 f"task '{task}' is a trained prefix ({kind}, {info.n_virtual} virtual tokens) with no "
                 "text to prefill: it runs only from its baked KV (drop --no-prefix-cache / "
                 "use_prefix_cache=False)")
+        if info.source_ids is not None:  # compressed: prefilling means the whole prefix
+            return np.asarray(info.source_ids, np.int64)
         if task in self._lru:
             return self._lru[task].ids
         from ..bundle import prefixfile

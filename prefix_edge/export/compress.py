@@ -1,0 +1,311 @@
+"""Compressed task prefixes (`export --compress-prefix RATIO|auto`): a text task's prefix keeps
+only the tokens that matter to any later query, chosen once, at export.
+
+Which tokens: a query-agnostic score per prefix token from the fp32 model (transformers), after
+KVzip (Kim et al. 2025): the model is asked to repeat the prefix after itself ("... Repeat the
+previous context exactly." then the prefix again, teacher-forced), and a token's score is the
+largest attention any head of any layer pays it while the prefix is being reconstructed. A
+context the kept tokens can reconstruct serves any question about it. One subset is kept for
+every layer and head (both engines attend to it unchanged), always with the first SINK tokens
+(attention sinks), the last RECENT ones (where the user's input joins) and the special tokens
+(the chat template's turn markers).
+
+Where the kept tokens go: at cache slots 0..K-1, keys re-rotated by -(P - K) positions. RoPE
+attention depends only on the distance between a query and a key, so a new token at K + i sees
+a kept key from original position p at distance P + i - p: exactly what it would see after the
+whole prefix. Neither engine changes (ONNX Runtime's GroupQueryAttention places new tokens at
+the cache length, llama.cpp masks by cell position). Values are untouched. Models whose
+attention does not depend on distance alone are refused (sliding-window layers: the window
+would cover other tokens; longrope / dynamic RoPE: frequencies change with the length).
+
+`auto` picks per task the largest ratio in AUTO_RATIOS whose reconstruction agreement (the
+share of the prefix's reconstruction whose greedy next token is the same with the kept tokens
+as with all of them, measured on the fp32 model) is at least AUTO_AGREEMENT. The manifest
+records per task what was kept, the source ids, the ratio and that agreement; `eval` scores
+the compressed prefix against the whole one (prefilled).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PrefixEdgeError
+
+METHOD = "kvzip-max"
+REPEAT = "\n\nRepeat the previous context exactly.\n"
+SINK, RECENT = 4, 16
+AUTO_RATIOS = (4.0, 3.0, 2.0, 1.5)
+AUTO_AGREEMENT = 0.9
+CHUNK = 512  # prefix tokens reconstructed per scoring pass
+MIN_TOKENS = 2 * (SINK + RECENT)  # shorter prefixes are kept whole
+
+
+def parse_ratio(spec: str | float | int | None) -> float | str | None:
+    """None (keep everything), a ratio > 1 (P / kept tokens) or "auto"; one line when bad."""
+    if spec is None:
+        return None
+    s = str(spec).strip().lower()
+    if s in ("", "none", "off", "1", "1.0"):
+        return None
+    if s == "auto":
+        return "auto"
+    try:
+        r = float(s)
+    except ValueError:
+        r = float("nan")
+    if not (1.0 < r <= 64.0):
+        raise PrefixEdgeError(f"--compress-prefix must be a ratio in (1, 64] (prefix tokens per "
+                              f"kept token), 'auto' or 'none', got {spec!r}")
+    return r
+
+
+@dataclass
+class Plan:
+    """One task's compression: the kept positions of its source prefix (sorted)."""
+
+    kept: list[int]
+    source_ids: list[int]
+    ratio: float | str
+    agreement: float
+
+    @property
+    def delta(self) -> int:
+        """Positions every kept key moves back by: P - K."""
+        return len(self.source_ids) - len(self.kept)
+
+    def record(self) -> dict:
+        """The manifest's `compression` entry of the task."""
+        P, K = len(self.source_ids), len(self.kept)
+        return {"method": METHOD, "ratio": self.ratio, "source_tokens": P, "kept_tokens": K,
+                "kept": list(self.kept), "source_ids": list(self.source_ids),
+                "reconstruction_agreement": round(float(self.agreement), 4)}
+
+
+def check_model(hf_dir: Path, info) -> None:
+    """Refuse models whose attention a shifted prefix would change (one line)."""
+    import json
+
+    if info.sliding_layers:
+        raise PrefixEdgeError("--compress-prefix: this model has sliding-window layers (their window "
+                              "would cover other tokens after compression); export it without")
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if kind not in ("default", "llama3", "linear", "yarn"):
+        raise PrefixEdgeError(f"--compress-prefix: RoPE scaling {kind!r} changes its frequencies with "
+                              "the length, so a shifted prefix would not attend as the whole one; "
+                              "export it without")
+
+
+class Planner:
+    """The fp32 model, loaded once, scoring prefixes (torch; export only)."""
+
+    def __init__(self, hf_dir: Path, tokenizer, special_ids: set[int]):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+        self.repeat = tokenizer.encode(REPEAT, add_special_tokens=False).ids
+        self.special = special_ids
+        self.inv_freq = rope_inv_freq(self.model)
+        self.rope_layers = rope_layers(self.model.config)
+
+    def plan(self, name: str, ids: list[int], ratio: float | str) -> Plan | None:
+        """The kept positions of `ids` at `ratio` (or the auto choice); None: keep it whole."""
+        P = len(ids)
+        if P < MIN_TOKENS:
+            return None
+        scores, runs = self._score(ids)
+        if ratio == "auto":
+            for r in AUTO_RATIOS:
+                kept = choose(scores, ids, r, self.special)
+                a = self._agreement(ids, kept, runs)
+                if a >= AUTO_AGREEMENT:
+                    return Plan(kept, list(ids), r, a)
+            return None
+        kept = choose(scores, ids, float(ratio), self.special)
+        if len(kept) >= P:
+            return None
+        return Plan(kept, list(ids), float(ratio), self._agreement(ids, kept, runs))
+
+    # -- scoring ---------------------------------------------------------------------------
+    def _score(self, ids: list[int]):
+        """(score per prefix token, the reconstruction runs' full-cache argmaxes)."""
+        torch = self.torch
+        P = len(ids)
+        best = torch.zeros(P)
+        hooks, cur = [], {}
+
+        def hook(_mod, _inp, out):
+            w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            if w is not None and "n" in cur:
+                got = w[0, :, -cur["n"]:, :P].amax(dim=(0, 1))
+                best.copy_(torch.maximum(best, got.float()))
+
+        for layer in self.model.model.layers:
+            hooks.append(layer.self_attn.register_forward_hook(hook))
+        runs = []
+        try:
+            with torch.no_grad():
+                cache = self.model(torch.tensor([ids]), use_cache=True).past_key_values
+                for c0 in range(0, P, CHUNK):
+                    chunk = ids[c0:c0 + CHUNK]
+                    q = torch.tensor([self.repeat + chunk])
+                    cur["n"] = len(chunk)
+                    out = self.model(q, past_key_values=cache, use_cache=True,
+                                     position_ids=torch.arange(P, P + q.shape[1])[None])
+                    cur.pop("n")
+                    cache.crop(P)
+                    runs.append((c0, out.logits[0].argmax(-1)))
+        finally:
+            for h in hooks:
+                h.remove()
+        self._cache = cache
+        return best.numpy(), runs
+
+    def _agreement(self, ids: list[int], kept: list[int], runs) -> float:
+        """Share of the reconstruction's positions whose greedy token with only `kept` in the
+        prefix equals the whole prefix's."""
+        torch = self.torch
+        P = len(ids)
+        keep = torch.zeros(P, dtype=torch.long)
+        keep[kept] = 1
+        same = total = 0
+        with torch.no_grad():
+            for c0, full in runs:
+                chunk = ids[c0:c0 + CHUNK]
+                q = torch.tensor([self.repeat + chunk])
+                mask = torch.cat([keep, torch.ones(q.shape[1], dtype=torch.long)])[None]
+                out = self.model(q, past_key_values=self._cache, use_cache=True, attention_mask=mask,
+                                 position_ids=torch.arange(P, P + q.shape[1])[None])
+                self._cache.crop(P)
+                got = out.logits[0].argmax(-1)
+                same += int((got == full).sum())
+                total += int(full.numel())
+        return same / max(total, 1)
+
+    def close(self) -> None:
+        self.model = None
+        self._cache = None
+
+
+def choose(scores: np.ndarray, ids: list[int], ratio: float, special: set[int]) -> list[int]:
+    """The kept positions: the first SINK, the last RECENT, the special tokens, then the best
+    scored until ceil(P / ratio) (never fewer than the forced ones)."""
+    P = len(ids)
+    budget = max(math.ceil(P / ratio), SINK + RECENT)
+    forced = set(range(min(SINK, P))) | set(range(max(0, P - RECENT), P))
+    forced |= {i for i, t in enumerate(ids) if t in special}
+    rest = [i for i in np.argsort(-np.asarray(scores), kind="stable") if i not in forced]
+    kept = sorted(forced | set(int(i) for i in rest[:max(0, budget - len(forced))]))
+    return kept
+
+
+# -- the model's rotation ------------------------------------------------------------------
+def rope_inv_freq(model) -> np.ndarray:
+    """The rotary frequencies the model applies (transformers' own rotary module), float64."""
+    rot = getattr(model.model, "rotary_emb", None)
+    if rot is None or not hasattr(rot, "inv_freq"):
+        raise PrefixEdgeError("--compress-prefix: cannot find this model's rotary embedding")
+    return rot.inv_freq.detach().double().numpy()
+
+
+def rope_layers(cfg) -> list[bool]:
+    """Per layer: does it rotate keys (SmolLM3's no-RoPE layers do not)."""
+    n = cfg.num_hidden_layers
+    flags = getattr(cfg, "no_rope_layers", None)
+    return [bool(v) for v in flags] if flags else [True] * n
+
+
+def shift_keys(k: np.ndarray, delta: int, inv_freq: np.ndarray, layout: str) -> np.ndarray:
+    """Keys [..., head_dim] rotated at position p, re-rotated to p - delta (float64 math, the
+    input's dtype out). layout "halves": dims (i, i + r/2) pair (HF, NEOX); "adjacent": (2i, 2i+1)
+    (llama.cpp's NORM); r = 2 * len(inv_freq) leading dims rotate (partial rotary)."""
+    half = inv_freq.size
+    theta = -float(delta) * inv_freq
+    c, s = np.cos(theta), np.sin(theta)
+    x = np.asarray(k, np.float64)
+    out = x.copy()
+    if layout == "halves":
+        a, b = x[..., :half], x[..., half:2 * half]
+        out[..., :half], out[..., half:2 * half] = a * c - b * s, a * s + b * c
+    elif layout == "adjacent":
+        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = a * c - b * s, a * s + b * c
+    else:
+        raise PrefixEdgeError(f"--compress-prefix: unknown RoPE key layout {layout!r}")
+    return out.astype(k.dtype)
+
+
+# -- applying a plan to a baked sequence ----------------------------------------------------
+def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
+    """The engine `be`'s current sequence (the whole prefix, prefilled) reduced to the plan's
+    kept tokens at slots 0..K-1, keys shifted back by plan.delta: ONNX, the past arrays in
+    be.past_names order; llama.cpp, a seq-state blob in the context's cache type."""
+    kept = np.asarray(plan.kept, np.int64)
+    if be.name == "onnx":
+        snap = be.seq_snapshot(be.single_seq, np.asarray(plan.source_ids, np.int64))
+        out = []
+        for name, a in zip(be.past_names, snap.kv):  # [1, n_kv, P, head_dim]
+            layer = int(name.split(".")[1])
+            a = np.ascontiguousarray(a[:, :, kept])
+            if name.endswith(".key") and rope_on[layer]:
+                a = shift_keys(a, plan.delta, inv_freq, "halves")
+            out.append(a)
+        return out
+    if be.name == "gguf":
+        from ..runtime.llama_lib import KV_TYPES
+        from ..runtime.seqstate import parse_seq_state
+        from ..runtime.seqstate_write import build_seq_state
+
+        blob = be.state_blob()
+        ks, vs = _float_kv(blob, parse_seq_state(blob, be.state_parts), be.kv_rotation if be.kv_type != "f16" else 0)
+        nk, hd = be.n_kv_heads, be.head_dim
+        new_k, new_v = [], []
+        for layer, (k, v) in enumerate(zip(ks, vs)):
+            k = k[kept]
+            if rope_on[layer]:
+                k = shift_keys(k.reshape(len(kept), nk, hd), plan.delta, inv_freq,
+                               be.rope_layout).reshape(len(kept), -1)
+            new_k.append(np.ascontiguousarray(k, np.float16))
+            new_v.append(np.ascontiguousarray(v[kept], np.float16))
+        return np.frombuffer(build_seq_state(new_k, new_v, be.v_trans, kv_type=KV_TYPES[be.kv_type],
+                                             rotation=be.kv_rotation if be.kv_type != "f16" else 0),
+                             np.uint8)
+    raise PrefixEdgeError(f"--compress-prefix: no route for the {be.name} backend")
+
+
+def _float_kv(blob, info, rotation: int):
+    """Per-layer K and V [cells, n_embd] as float32 from a one-part f16 or q8_0 blob (a q8_0
+    cache's Hadamard rotation undone)."""
+    from ..runtime.seqstate import GGML_TYPE_F16, GGML_TYPE_Q8_0, Q8_0_BYTES, extract_kv
+    from ..runtime.seqstate_write import hadamard
+
+    lay = info.layers[0]
+    if lay.k_type == GGML_TYPE_F16:
+        ks, vs = extract_kv(blob, info)
+        return [k.astype(np.float32) for k in ks], [v.astype(np.float32) for v in vs]
+    if lay.k_type != GGML_TYPE_Q8_0 or info.v_trans:
+        raise PrefixEdgeError("--compress-prefix: the GGUF KV cache must be f16 or q8_0")
+    buf = np.frombuffer(bytes(blob), np.uint8)
+    n = info.cell_count
+    h = hadamard(rotation) if rotation else None
+
+    def rows(off: int, row_bytes: int) -> np.ndarray:
+        b = buf[off:off + n * row_bytes].reshape(n, -1, Q8_0_BYTES)
+        d = np.ascontiguousarray(b[..., :2]).view("<f2")[..., 0].astype(np.float32)
+        x = (b[..., 2:].view(np.int8).astype(np.float32) * d[..., None]).reshape(n, -1)
+        if h is not None:
+            x = (x.reshape(n, -1, rotation) @ h).reshape(n, -1)
+        return x
+
+    ks = [rows(la.k_offset, la.k_row_bytes) for la in info.layers]
+    vs = [rows(la.v_offset, la.v_row_bytes) for la in info.layers]
+    return ks, vs
