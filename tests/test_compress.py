@@ -213,3 +213,45 @@ def test_sliding_window_models_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"rope_scaling": {"rope_type": "longrope"}}))
     with pytest.raises(PrefixEdgeError, match="longrope"):
         check_model(tmp_path, SimpleNamespace(sliding_layers=[]))
+
+
+def test_eval_scores_the_whole_prefix_beside_the_compressed_one(compressed, tmp_path):
+    """`prefix-edge eval` on a compressed task: a '<backend> whole' row per backend (the whole
+    prefix prefilled), and the compression in the JSON; `inspect` says what was kept."""
+    from .conftest import cli
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"input": t, "output": "x"}) + "\n" for t in INPUTS[:2]))
+    p = cli("eval", "--task", TASK, "--bundle", compressed, "--data", data, "--backend", "onnx", "--json")
+    assert p.returncode == 0, p.stderr.decode()
+    got = json.loads(p.stdout)
+    assert [r["label"] for r in got["results"]] == ["onnx", "onnx whole"]
+    c = _manifest(compressed)["tasks"][TASK]["compression"]
+    assert got["compression"]["kept_tokens"] == c["kept_tokens"] and "source_ids" not in got["compression"]
+    p = cli("tasks", "--bundle", compressed)
+    assert p.returncode == 0 and f"{c['kept_tokens']} (of {c['source_tokens']}, compressed)" in p.stdout.decode()
+
+
+def test_auto_picks_a_ratio_whose_agreement_holds(tiny_model):
+    """`auto`: the largest ratio of AUTO_RATIOS whose reconstruction agreement is at least
+    AUTO_AGREEMENT, measured the same way as a fixed ratio's (or the prefix kept whole)."""
+    from tokenizers import Tokenizer
+
+    from prefix_edge.export.compress import AUTO_AGREEMENT, AUTO_RATIOS, Planner
+
+    from .conftest import LONG_SYSTEM
+
+    tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    ids = tok.encode(LONG_SYSTEM, add_special_tokens=False).ids
+    planner = Planner(tiny_model, tok, set())
+    try:
+        auto = planner.plan("t", ids, "auto")
+        fixed = {r: planner.plan("t", ids, r) for r in AUTO_RATIOS}
+    finally:
+        planner.close()
+    passing = [r for r in AUTO_RATIOS if fixed[r].agreement >= AUTO_AGREEMENT]
+    if passing:
+        assert auto.ratio == max(passing) and auto.kept == fixed[max(passing)].kept
+    else:
+        assert auto is None
+    assert fixed[4.0].agreement <= fixed[1.5].agreement + 0.05  # keeping more reconstructs better

@@ -39,6 +39,7 @@ def eval_(
     threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
     no_constraint: bool = typer.Option(False, "--no-constraint", help="Decode without the task's json_schema/regex/grammar (to score what the constraint changes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON (with every answer) instead of a table."),
+    no_whole: bool = typer.Option(False, "--no-whole", help="A compressed task: skip scoring its whole prefix (prefilled) beside the compressed one."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print every answer that is not exact on stderr."),
 ) -> None:
     """Score a task on example lines: score, valid-answer rate, mean TTFT and decode tok/s per backend."""
@@ -78,11 +79,15 @@ def eval_(
         if b not in manifest.backends:
             raise PrefixEdgeError(f"bundle {root} has no {b} model (it has: {', '.join(manifest.backends)})")
 
+    compression = manifest.tasks[task].compression
     results = []
     with bars(not as_json and sys.stderr.isatty(), transient=True) as bar:
         for b in backends:
             results.append(eval_bundle(root, task, b, rows, metric, threads, bar,
                                        constrain=not no_constraint))
+            if compression and not no_whole:  # what compressing the prefix cost, per backend
+                results.append(eval_bundle(root, task, b, rows, metric, threads, bar,
+                                           constrain=not no_constraint, whole=True))
         if reference:
             from ..evaluation.reference import open_reference
             from ..evaluation.run import evaluate
@@ -100,12 +105,18 @@ def eval_(
     if as_json:
         typer.echo(json.dumps({"task": task, "data": str(data), "metric": metric, "n": len(rows),
                                "prefix_tokens": manifest.tasks[task].prefix_tokens,
+                               "compression": {k: v for k, v in compression.items()
+                                               if k not in ("kept", "source_ids")} if compression else None,
                                "results": [s.as_dict(rows=True) for s in results]}, indent=2, ensure_ascii=False))
         return
     typer.echo(f"task {task} ({manifest.tasks[task].prefix_tokens} prefix positions) · {len(rows)} lines of "
                f"{data.name} · metric {metric}")
-    typer.echo(f"{'':10} {'score':>6} {'exact':>6} {'valid':>6} {'TTFT ms':>8} {'tok/s':>7}")
+    if compression:
+        typer.echo(f"compressed prefix: {compression['kept_tokens']} of {compression['source_tokens']} tokens "
+                   f"kept (ratio {compression['ratio']}); '<backend> whole' prefills all "
+                   f"{compression['source_tokens']}")
+    typer.echo(f"{'':11} {'score':>6} {'exact':>6} {'valid':>6} {'TTFT ms':>8} {'tok/s':>7}")
     for s in results:
         ttft = f"{s.ttft_ms:8.1f}" if s.ttft_ms is not None else f"{'-':>8}"
         tps = f"{s.tok_s:7.1f}" if s.tok_s is not None else f"{'-':>7}"
-        typer.echo(f"{s.label:10} {s.score:6.3f} {s.exact:6.3f} {s.valid:6.3f} {ttft} {tps}")
+        typer.echo(f"{s.label:11} {s.score:6.3f} {s.exact:6.3f} {s.valid:6.3f} {ttft} {tps}")

@@ -44,6 +44,8 @@ def _kind(t, with_name: bool = False) -> str:
 
 def _tokens(t) -> str:
     """Prefix positions; '14 (8 virtual)' when some are a trained prefix's virtual tokens."""
+    if t.compression:
+        return f"{t.prefix_tokens} (of {t.compression['source_tokens']}, compressed)"
     return f"{t.prefix_tokens} ({t.n_virtual} virtual)" if t.n_virtual else str(t.prefix_tokens)
 
 
@@ -64,6 +66,8 @@ def inspect(
                      for k, b in m.backends.items()},
         "tasks": {k: {"kind": t.kind, "prefix_tokens": t.prefix_tokens, "n_virtual": t.n_virtual,
                       "adapter": t.adapter,
+                      "compression": {k: v for k, v in t.compression.items() if k not in ("kept", "source_ids")}
+                      if t.compression else None,
                       "bytes": sum(p.bytes for p in t.prefixes.values())} for k, t in m.tasks.items()},
         "extra": m.extra,
     }

@@ -68,7 +68,11 @@ def evaluate(label: str, generate: Callable[[str], Answer], data: list[Example],
 
 
 def eval_bundle(bundle: Path | None, task: str, backend: str, data: list[Example], metric: str,
-                threads: int | None = None, bar=None, constrain: bool = True) -> Summary:
+                threads: int | None = None, bar=None, constrain: bool = True,
+                whole: bool = False) -> Summary:
+    """Score `task` on `data` through the bundle's `backend`. whole: prefill the task's whole
+    prefix on every request instead of restoring its baked one (a compressed prefix's
+    baseline; labelled "BACKEND whole")."""
     from ..runtime.runtime import Runtime
 
     with Runtime.open(bundle, backend=backend, threads=threads, slots=1) as rt:
@@ -76,9 +80,9 @@ def eval_bundle(bundle: Path | None, task: str, backend: str, data: list[Example
             raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: {', '.join(sorted(rt.tasks))}")
 
         def generate(text: str) -> Answer:
-            r = rt.generate(task, text, use_constraint=constrain)
+            r = rt.generate(task, text, use_constraint=constrain, use_prefix_cache=not whole)
             st = r.stats
             dec_s = (st.generated_tokens - 1) / st.decode_tok_s if st.decode_tok_s > 0 else 0.0
             return Answer(r.text, st.ttft_ms, st.generated_tokens, dec_s)
 
-        return evaluate(rt.backend.name, generate, data, metric, bar)
+        return evaluate(rt.backend.name + (" whole" if whole else ""), generate, data, metric, bar)
