@@ -22,7 +22,7 @@ def export(
     prefix_store: str = typer.Option("f32", "--prefix-store", help="How ONNX task prefixes store their KV: f32 (exact: baked == prefilled) | f16 | q8_0 (4.3x smaller; measured agreement in the README)."),
     onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; Llama, Mistral, Qwen2/3, Phi-3, SmolLM3, Granite, Gemma 3) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
     gguf_kv: str = typer.Option("f16", "--gguf-kv", help="llama.cpp KV cache type the GGUF prefixes are baked in and the runtime computes in: f16 | q8_0 (half the prefix bytes and KV memory; runs with flash attention; measured in the README)."),
-    compress_prefix: Optional[str] = typer.Option(None, "--compress-prefix", help="Compress text tasks' prefixes: RATIO (prefix tokens per kept token, e.g. 2) | auto (per task, the largest of 4, 3, 2, 1.5 that keeps 90% reconstruction agreement) | none. Keeps the tokens the model attends to when asked to repeat the prefix; docs/compression.md."),
+    compress_prefix: Optional[str] = typer.Option(None, "--compress-prefix", help="Compress text tasks' prefixes: RATIO (prefix tokens per kept token, e.g. 2) | auto (per task, the largest of 4, 3, 2, 1.5 that keeps 90% reconstruction agreement) | none. Keeps the tokens the prefix's last tokens attend to most (where every input joins); docs/compression.md."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
 ) -> None:
     """Export a model and its tasks into a bundle with precomputed task prefixes."""

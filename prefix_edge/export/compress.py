@@ -1,14 +1,15 @@
 """Compressed task prefixes (`export --compress-prefix RATIO|auto`): a text task's prefix keeps
-only the tokens that matter to any later query, chosen once, at export.
+only the tokens that later queries attend to, chosen once, at export.
 
-Which tokens: a query-agnostic score per prefix token from the fp32 model (transformers), after
-KVzip (Kim et al. 2025): the model is asked to repeat the prefix after itself ("... Repeat the
-previous context exactly." then the prefix again, teacher-forced), and a token's score is the
-largest attention any head of any layer pays it while the prefix is being reconstructed. A
-context the kept tokens can reconstruct serves any question about it. One subset is kept for
-every layer and head (both engines attend to it unchanged), always with the first SINK tokens
-(attention sinks), the last RECENT ones (where the user's input joins) and the special tokens
-(the chat template's turn markers).
+Which tokens: a query-agnostic score per prefix token from the fp32 model (transformers): the
+attention the prefix's own last WINDOW tokens pay it (largest over those queries, averaged
+over heads and layers; SnapKV's observation window, placed where every user input joins). One
+subset is kept for every layer and head (both engines attend to it unchanged), always with the
+first SINK tokens (attention sinks), the last RECENT ones and the special tokens (the chat
+template's turn markers). KVzip's context-reconstruction score (the attention paid while the
+model repeats the prefix) was measured too and kept the task answers less well on the default
+model's demo tasks (benchmarks/compression_scores.py, docs/compression.md); reconstruction is
+used for the agreement below.
 
 Where the kept tokens go: at cache slots 0..K-1, keys re-rotated by -(P - K) positions. RoPE
 attention depends only on the distance between a query and a key, so a new token at K + i sees
@@ -18,11 +19,12 @@ the cache length, llama.cpp masks by cell position). Values are untouched. Model
 attention does not depend on distance alone are refused (sliding-window layers: the window
 would cover other tokens; longrope / dynamic RoPE: frequencies change with the length).
 
-`auto` picks per task the largest ratio in AUTO_RATIOS whose reconstruction agreement (the
-share of the prefix's reconstruction whose greedy next token is the same with the kept tokens
-as with all of them, measured on the fp32 model) is at least AUTO_AGREEMENT. The manifest
-records per task what was kept, the source ids, the ratio and that agreement; `eval` scores
-the compressed prefix against the whole one (prefilled).
+Reconstruction agreement: the model is asked to repeat the prefix after itself ("... Repeat
+the previous context exactly.", teacher-forced); the share of those positions whose greedy
+token is the same with only the kept tokens visible as with all of them. The manifest records
+it per task (with what was kept, the source ids and the ratio); `auto` picks per task the
+largest ratio in AUTO_RATIOS whose agreement is at least AUTO_AGREEMENT. `eval` scores the
+compressed prefix against the whole one (prefilled).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 
-METHOD = "kvzip-max"
+METHOD = "window-attention"
 REPEAT = "\n\nRepeat the previous context exactly.\n"
 SINK, RECENT = 4, 16
+WINDOW = 16  # the prefix's last tokens whose attention scores the rest
 AUTO_RATIOS = (4.0, 3.0, 2.0, 1.5)
 AUTO_AGREEMENT = 0.9
 CHUNK = 512  # prefix tokens reconstructed per scoring pass
@@ -137,38 +140,42 @@ class Planner:
 
     # -- scoring ---------------------------------------------------------------------------
     def _score(self, ids: list[int]):
-        """(score per prefix token, the reconstruction runs' full-cache argmaxes)."""
+        """(score per prefix token, the reconstruction runs' full-cache argmaxes, for agreement).
+
+        The score: the attention the prefix's last WINDOW tokens pay each earlier token (the
+        largest over those queries, averaged over heads and layers): where a user's input
+        joins, what the model looks back at."""
         torch = self.torch
         P = len(ids)
-        best = torch.zeros(P)
-        hooks, cur = [], {}
+        W = min(WINDOW, P - 1)
+        total = torch.zeros(P)
+        hooks = []
 
         def hook(_mod, _inp, out):
             w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-            if w is not None and "n" in cur:
-                got = w[0, :, -cur["n"]:, :P].amax(dim=(0, 1))
-                best.copy_(torch.maximum(best, got.float()))
+            if w is not None and w.shape[-2] == W:
+                total.add_(w[0, :, :, :P].amax(dim=1).mean(dim=0).float())
 
-        for layer in self.model.model.layers:
-            hooks.append(layer.self_attn.register_forward_hook(hook))
         runs = []
-        try:
-            with torch.no_grad():
-                cache = self.model(torch.tensor([ids]), use_cache=True).past_key_values
-                for c0 in range(0, P, CHUNK):
-                    chunk = ids[c0:c0 + CHUNK]
-                    q = torch.tensor([self.repeat + chunk])
-                    cur["n"] = len(chunk)
-                    out = self.model(q, past_key_values=cache, use_cache=True,
-                                     position_ids=torch.arange(P, P + q.shape[1])[None])
-                    cur.pop("n")
-                    cache.crop(P)
-                    runs.append((c0, out.logits[0].argmax(-1)))
-        finally:
-            for h in hooks:
-                h.remove()
+        with torch.no_grad():
+            cache = self.model(torch.tensor([ids[:P - W]]), use_cache=True).past_key_values
+            for layer in self.model.model.layers:
+                hooks.append(layer.self_attn.register_forward_hook(hook))
+            try:
+                self.model(torch.tensor([ids[P - W:]]), past_key_values=cache, use_cache=True,
+                           position_ids=torch.arange(P - W, P)[None])
+            finally:
+                for h in hooks:
+                    h.remove()
+            for c0 in range(0, P, CHUNK):  # the whole prefix's reconstruction, for agreement
+                chunk = ids[c0:c0 + CHUNK]
+                q = torch.tensor([self.repeat + chunk])
+                out = self.model(q, past_key_values=cache, use_cache=True,
+                                 position_ids=torch.arange(P, P + q.shape[1])[None])
+                cache.crop(P)
+                runs.append((c0, out.logits[0].argmax(-1)))
         self._cache = cache
-        return best.numpy(), runs
+        return (total / len(self.model.model.layers)).numpy(), runs
 
     def _agreement(self, ids: list[int], kept: list[int], runs) -> float:
         """Share of the reconstruction's positions whose greedy token with only `kept` in the
