@@ -110,7 +110,7 @@ def _reference_logits(model_dir, src, kept, inp):
     import torch
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32,
+    m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                              attn_implementation="eager").eval()
     mask = np.zeros(len(src) + len(inp), np.int64)
     mask[kept] = 1
@@ -255,3 +255,27 @@ def test_auto_picks_a_ratio_whose_agreement_holds(tiny_model):
     else:
         assert auto is None
     assert fixed[4.0].agreement <= fixed[1.5].agreement + 0.05  # keeping more reconstructs better
+
+
+def test_task_file_sets_compression_per_task(tiny_model, tmp_path):
+    """A task's own `compress_prefix` beats export's flag; "none" keeps it whole; a peft task or
+    a bad value is one line naming the key."""
+    from prefix_edge.tasks import load_tasks
+
+    from .conftest import LONG_SYSTEM
+
+    f = tmp_path / "t.toml"
+    f.write_text(f'[task.long]\nsystem = """{LONG_SYSTEM}"""\ncompress_prefix = 3\n\n'
+                 f'[task.kept]\nsystem = """{LONG_SYSTEM}"""\ncompress_prefix = "none"\n\n'
+                 f'[task.flag]\nsystem = """{LONG_SYSTEM}"""\n', encoding="utf-8")
+    out = _export(tiny_model, f, tmp_path / "b", "none", None, formats=["onnx"], compress_prefix="2")
+    tasks = _manifest(out)["tasks"]
+    src = tasks["kept"]["prefix_tokens"]
+    assert tasks["long"]["compression"]["ratio"] == 3.0 and tasks["long"]["prefix_tokens"] == -(-src // 3)
+    assert tasks["flag"]["compression"]["ratio"] == 2.0 and tasks["kept"].get("compression") is None
+    for body, what in (('system = "x"\ncompress_prefix = 0.5', "ratio in"),
+                       ('system = "x"\ncompress_prefix = true', "ratio in"),
+                       ('kind = "peft"\nadapter = "a"\ncompress_prefix = 2', "kept whole")):
+        f.write_text(f"[task.t]\n{body}\n", encoding="utf-8")
+        with pytest.raises(PrefixEdgeError, match=f"compress_prefix.*{what}"):
+            load_tasks(f)

@@ -211,7 +211,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
                             adapters[name].n_virtual if name in adapters else 0)
            for name, r in rendered.items()}
 
-    compression = _plan_compression(hf_dir, info, tok, rt_tok, ids, adapters, compress, st)
+    compression = _plan_compression(hf_dir, info, tok, rt_tok, ids, adapters, compress, st,
+                                    {s.name: s.compress_prefix for s in specs})
 
     backends = {}
     fusions: dict = {}
@@ -284,21 +285,27 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     return manifest
 
 
-def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict, ratio, st):
+def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict, ratio, st,
+                      per_task: dict):
     """(plans {task: Plan}, inv_freq, RoPE layers) for the text tasks, or None (no compression).
-    Trained (peft) prefixes are kept whole: their virtual tokens are the adapter itself."""
-    if ratio is None:
+    `ratio`: export's flag; `per_task`: a task file's own `compress_prefix` (None: the flag's,
+    "none": kept whole). Trained (peft) prefixes are kept whole: their virtual tokens are the
+    adapter itself."""
+    asked = {n: (per_task.get(n) if per_task.get(n) is not None else ratio)
+             for n in ids if n not in adapters}
+    asked = {n: r for n, r in asked.items() if r not in (None, "none")}
+    if not asked:
         return None
     from .compress import Planner, check_model
 
     check_model(hf_dir, info)
     plans = {}
-    texts = [n for n in ids if n not in adapters]
+    texts = list(asked)
     with st.stage("compress task prefixes (transformers fp32)", total=len(texts)) as advance:
         planner = Planner(hf_dir, rt_tok, set(tok.all_special_ids))
         try:
             for name in texts:
-                plan = planner.plan(name, list(ids[name]), ratio)
+                plan = planner.plan(name, list(ids[name]), asked[name])
                 if plan is not None:
                     plans[name] = plan
                 advance()

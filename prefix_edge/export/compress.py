@@ -47,23 +47,11 @@ CHUNK = 512  # prefix tokens reconstructed per scoring pass
 MIN_TOKENS = 2 * (SINK + RECENT)  # shorter prefixes are kept whole
 
 
-def parse_ratio(spec: str | float | int | None) -> float | str | None:
+def parse_ratio(spec) -> float | str | None:
     """None (keep everything), a ratio > 1 (P / kept tokens) or "auto"; one line when bad."""
-    if spec is None:
-        return None
-    s = str(spec).strip().lower()
-    if s in ("", "none", "off", "1", "1.0"):
-        return None
-    if s == "auto":
-        return "auto"
-    try:
-        r = float(s)
-    except ValueError:
-        r = float("nan")
-    if not (1.0 < r <= 64.0):
-        raise PrefixEdgeError(f"--compress-prefix must be a ratio in (1, 64] (prefix tokens per "
-                              f"kept token), 'auto' or 'none', got {spec!r}")
-    return r
+    from ..tasks.taskfile import compress_ratio
+
+    return compress_ratio(spec)
 
 
 @dataclass
@@ -113,7 +101,7 @@ class Planner:
 
         torch.manual_seed(0)
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32,
+        self.model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32,
                                                           attn_implementation="eager").eval()
         self.repeat = tokenizer.encode(REPEAT, add_special_tokens=False).ids
         self.special = special_ids

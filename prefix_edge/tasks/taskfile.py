@@ -37,7 +37,7 @@ from ..options import FIELDS, OptionError, check as check_options, check_text
 # a task's defaults: the generation options (options.py), with the TOML type each is written as
 GEN_KEYS = {name: {"int": int, "float": float, "stop": list, "bias": dict, "schema": object,
                    "pattern": str}[f.kind] for name, f in FIELDS.items()}
-TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", *GEN_KEYS}
+TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", "compress_prefix", *GEN_KEYS}
 ALL_KEYS = TEXT_KEYS | {"adapter"}
 KINDS = {"text", "peft"}
 _SENTINEL = "\u2063PREFIX_EDGE_INPUT\u2063"
@@ -61,6 +61,7 @@ class TaskSpec:
     defaults: dict[str, Any] = field(default_factory=dict)
     adapter: Path | None = None  # kind "peft": the adapter dir, resolved against the task file
     file: Path | None = None     # the task file it came from (for error messages)
+    compress_prefix: float | str | None = None  # a ratio, "auto", "none" (kept whole); None: export's flag
 
     def where(self, key: str | None = None) -> str:
         """'FILE: task 'NAME'[: key 'KEY']', the start of an error message about this task."""
@@ -157,6 +158,9 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
     kind = _check_type(path, name, "kind", t.get("kind", "text"), str)
     if kind not in KINDS:
         raise _err(path, name, "kind", f"must be one of {sorted(KINDS)}, got {kind!r}")
+    if kind == "peft" and "compress_prefix" in t:
+        raise _err(path, name, "compress_prefix", "a trained (peft) prefix is kept whole: its "
+                   "virtual tokens are the adapter itself")
     adapter = _adapter_dir(path, name, kind, t.get("adapter"))
     system = t.get("system")
     if system is not None:
@@ -196,8 +200,34 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         defaults = check_options(defaults)
     except OptionError as e:
         raise _err(path, name, e.field, str(e)) from None
+    compress = None
+    if "compress_prefix" in t:
+        try:
+            compress = compress_ratio(t["compress_prefix"], "compress_prefix") or "none"
+        except PrefixEdgeError as e:
+            raise _err(path, name, "compress_prefix", str(e)) from None
     return TaskSpec(name, kind, system, tuple(examples), prefix, template, chat, defaults,
-                    adapter, path)
+                    adapter, path, compress)
+
+
+def compress_ratio(spec: Any, what: str = "--compress-prefix") -> float | str | None:
+    """A prefix compression setting: None (keep the prefix whole), a ratio in (1, 64] (prefix
+    tokens per kept token) or "auto"; a bad one is one PrefixEdgeError line."""
+    if spec is None:
+        return None
+    s = "?" if isinstance(spec, bool) else str(spec).strip().lower()
+    if s in ("", "none", "off", "1", "1.0"):
+        return None
+    if s == "auto":
+        return "auto"
+    try:
+        r = float(s)
+    except ValueError:
+        r = float("nan")
+    if not (1.0 < r <= 64.0):
+        raise PrefixEdgeError(f"{what} must be a ratio in (1, 64] (prefix tokens per kept token), "
+                              f"'auto' or 'none', got {spec!r}")
+    return r
 
 
 def _adapter_dir(path: Path, name: str, kind: str, value: Any) -> Path | None:
