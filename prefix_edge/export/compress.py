@@ -7,9 +7,10 @@ over heads and layers; SnapKV's observation window, placed where every user inpu
 subset is kept for every layer and head (both engines attend to it unchanged), always with the
 first SINK tokens (attention sinks), the last RECENT ones and the special tokens (the chat
 template's turn markers). KVzip's context-reconstruction score (the attention paid while the
-model repeats the prefix) was measured too and kept the task answers less well on the default
-model's demo tasks (benchmarks/compression_scores.py, docs/compression.md); reconstruction is
-used for the agreement below.
+model repeats the prefix) was measured too and kept the task answers far less well on the
+default model's demo tasks; H2O and plain recency came within noise of the window
+(benchmarks/compression_scores.py, docs/compression.md). Reconstruction is used for the
+agreement below.
 
 Where the kept tokens go: at cache slots 0..K-1, keys re-rotated by -(P - K) positions. RoPE
 attention depends only on the distance between a query and a key, so a new token at K + i sees
