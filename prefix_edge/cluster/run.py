@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from pathlib import Path
@@ -31,6 +32,12 @@ def serve_forever(args: dict, host: str, port: int, address: str | None) -> None
         raise PrefixEdgeError("serving on Ray needs its extra: pip install 'prefix-edge[ray]'") from None
     from .app import build
 
+    # Ray Serve's router asks a replica for its queue length before sending it a request and
+    # gives up on it after 0.1 s (backing off to 1 s), then routes to the replicas holding the
+    # fewest tasks: on a loaded machine a task then strays from the replica that holds its
+    # prefix and is loaded again elsewhere. Local workers inherit these (a user's setting wins).
+    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
+    os.environ.setdefault("RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "5.0")
     ray.init(address=address, include_dashboard=False, log_to_driver=False,
              **({} if address else {"num_cpus": None}))
     try:
