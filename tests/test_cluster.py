@@ -104,9 +104,13 @@ def test_task_affinity_and_lru_reloads(cluster):
     router places a task it finds nowhere on the replica with the fewest, so this settles
     within a few rounds), every later request goes to the replica that holds it: no reload."""
     a, b = TASKS[:2]
-    for _ in range(10):
-        if _replica(_ask(cluster, a, INPUTS[0])) != _replica(_ask(cluster, b, INPUTS[0])):
-            break
+    last = None
+    for _ in range(20):  # settled: on two replicas, and where they were the round before (the
+        got = (_replica(_ask(cluster, a, INPUTS[0])), _replica(_ask(cluster, b, INPUTS[0])))
+        if got[0] != got[1] and got == last:  # router's view of who holds what reaches it
+            break                              # asynchronously, after a load)
+        last = got
+        time.sleep(0.5)
     loads = sum(_metric(cluster, "prefix_edge_replica_loads_total").values())
     seen = {a: set(), b: set()}
     for _ in range(4):
