@@ -16,7 +16,8 @@ import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.bundle import Bundle
-from prefix_edge.export.compress import choose, parse_ratio, shift_keys
+from prefix_edge.export.compress import choose, shift_keys
+from prefix_edge.tasks.taskfile import compress_ratio as parse_ratio
 
 from .conftest import INPUTS, _export
 
@@ -65,6 +66,27 @@ def test_choose_keeps_sinks_recent_special_and_the_budget():
     kept = choose(scores, ids, 4.0, special={7})
     assert kept == sorted(kept) and len(kept) == 25
     assert {0, 1, 2, 3, 50, 30, 60, 70} <= set(kept) and set(range(84, 100)) <= set(kept)
+
+
+@pytest.mark.parametrize("rotation", [0, 64])
+def test_extract_kv_reads_a_q8_0_cache_back(rotation):
+    """A compressed GGUF prefix re-reads a q8_0 cache (seqstate.extract_kv, the Hadamard
+    rotation undone): the values written, to Q8_0's rounding, and unrotated blobs rebuild
+    byte for byte."""
+    from prefix_edge.runtime.seqstate import GGML_TYPE_Q8_0, extract_kv, parse_seq_state
+    from prefix_edge.runtime.seqstate_write import build_seq_state
+
+    rng = np.random.default_rng(1)
+    k = [rng.standard_normal((7, 128)).astype(np.float16) for _ in range(2)]
+    v = [rng.standard_normal((7, 128)).astype(np.float16) for _ in range(2)]
+    blob = build_seq_state(k, v, False, kv_type=GGML_TYPE_Q8_0, rotation=rotation)
+    ks, vs = extract_kv(blob, parse_seq_state(blob), rotation)
+    for got, want in zip(ks + vs, k + v):
+        assert got.dtype == np.float32 and np.abs(got - want).max() < 0.03
+    if not rotation:
+        again = build_seq_state([a.astype(np.float16) for a in ks], [a.astype(np.float16) for a in vs],
+                                False, kv_type=GGML_TYPE_Q8_0)
+        assert again == blob
 
 
 @pytest.mark.parametrize("bad", ["0.5", "1e9", "x", "-2", "nan"])

@@ -85,6 +85,19 @@ class TaskInfo:
         """A compressed prefix's whole text ids (what prefilling the task means), else None."""
         return list(self.compression["source_ids"]) if self.compression else None
 
+    def positions(self, restored: bool = True) -> int:
+        """KV positions the prefix takes in a request: its baked ones when restored, else what
+        prefilling it takes (a compressed prefix's whole source)."""
+        if not restored and self.compression:
+            return self.n_virtual + len(self.compression["source_ids"])
+        return self.prefix_tokens
+
+    def compression_summary(self) -> dict[str, Any] | None:
+        """The compression record without its long lists (kept positions, source ids)."""
+        if not self.compression:
+            return None
+        return {k: v for k, v in self.compression.items() if k not in ("kept", "source_ids")}
+
 
 @dataclass
 class Manifest:

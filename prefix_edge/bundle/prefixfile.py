@@ -243,7 +243,7 @@ def decode_kv(tensors: dict[str, np.ndarray], meta: dict[str, str], names: list[
                 or scale.shape != (*t.shape[:-1], t.shape[-1] // _q8_block(t.shape[-1] or 1)):
             raise PrefixEdgeError(f"{where}: tensor {n} is {t.dtype}{list(t.shape)} with scales "
                                   f"{scale.dtype}{list(scale.shape)}: not q8_0 as its kv_store says")
-        block = _q8_block(t.shape[-1])
-        blocks = t.reshape(*t.shape[:-1], -1, block).astype(np.float32)
-        out[n] = (blocks * scale.astype(np.float32)[..., None]).reshape(t.shape).astype(dtype)
+        from ..quantize.blocks import q8_0_values
+
+        out[n] = q8_0_values(t.reshape(*t.shape[:-1], -1, _q8_block(t.shape[-1])), scale).astype(dtype)
     return out

@@ -105,8 +105,7 @@ def eval_(
     if as_json:
         typer.echo(json.dumps({"task": task, "data": str(data), "metric": metric, "n": len(rows),
                                "prefix_tokens": manifest.tasks[task].prefix_tokens,
-                               "compression": {k: v for k, v in compression.items()
-                                               if k not in ("kept", "source_ids")} if compression else None,
+                               "compression": manifest.tasks[task].compression_summary(),
                                "results": [s.as_dict(rows=True) for s in results]}, indent=2, ensure_ascii=False))
         return
     typer.echo(f"task {task} ({manifest.tasks[task].prefix_tokens} prefix positions) · {len(rows)} lines of "

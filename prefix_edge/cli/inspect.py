@@ -66,8 +66,7 @@ def inspect(
                      for k, b in m.backends.items()},
         "tasks": {k: {"kind": t.kind, "prefix_tokens": t.prefix_tokens, "n_virtual": t.n_virtual,
                       "adapter": t.adapter,
-                      "compression": {k: v for k, v in t.compression.items() if k not in ("kept", "source_ids")}
-                      if t.compression else None,
+                      "compression": t.compression_summary(),
                       "bytes": sum(p.bytes for p in t.prefixes.values())} for k, t in m.tasks.items()},
         "extra": m.extra,
     }

@@ -121,7 +121,7 @@ def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store:
     else:
         from ..runtime.llama import write_prefix
 
-        write_prefix(path, kept_ids, kv.tobytes(), meta, be.kv_type, be.expected_state())
+        write_prefix(path, kept_ids, kv, meta, be.kv_type, be.expected_state())
 
 
 def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:

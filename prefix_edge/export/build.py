@@ -70,9 +70,9 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
         raise PrefixEdgeError(f"unknown prefix store {prefix_store!r}; choose one of {', '.join(KV_STORES)}")
     if gguf_kv not in KV_TYPES:
         raise PrefixEdgeError(f"unknown GGUF KV cache type {gguf_kv!r}; choose one of {', '.join(KV_TYPES)}")
-    from .compress import parse_ratio
+    from ..tasks.taskfile import compress_ratio
 
-    compress = parse_ratio(compress_prefix)
+    compress = compress_ratio(compress_prefix)
     specs = load_tasks(tasks_file)  # validate before any slow work
     out = Path(out)
     if out.exists() and not force:
@@ -300,11 +300,10 @@ def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict
 
     check_model(hf_dir, info)
     plans = {}
-    texts = list(asked)
-    with st.stage("compress task prefixes (transformers fp32)", total=len(texts)) as advance:
+    with st.stage("compress task prefixes (transformers fp32)", total=len(asked)) as advance:
         planner = Planner(hf_dir, rt_tok, set(tok.all_special_ids))
         try:
-            for name in texts:
+            for name in asked:
                 plan = planner.plan(name, list(ids[name]), asked[name])
                 if plan is not None:
                     plans[name] = plan

@@ -48,13 +48,6 @@ CHUNK = 512  # prefix tokens reconstructed per scoring pass
 MIN_TOKENS = 2 * (SINK + RECENT)  # shorter prefixes are kept whole
 
 
-def parse_ratio(spec) -> float | str | None:
-    """None (keep everything), a ratio > 1 (P / kept tokens) or "auto"; one line when bad."""
-    from ..tasks.taskfile import compress_ratio
-
-    return compress_ratio(spec)
-
-
 @dataclass
 class Plan:
     """One task's compression: the kept positions of its source prefix (sorted)."""
@@ -108,24 +101,23 @@ class Planner:
         self.special = special_ids
         self.inv_freq = rope_inv_freq(self.model)
         self.rope_layers = rope_layers(self.model.config)
+        self._cache = None  # the last scored prefix's KV (transformers), for its agreement
 
     def plan(self, name: str, ids: list[int], ratio: float | str) -> Plan | None:
-        """The kept positions of `ids` at `ratio` (or the auto choice); None: keep it whole."""
+        """The kept positions of `ids` at `ratio` (or, "auto", the largest of AUTO_RATIOS whose
+        agreement holds); None: keep it whole."""
         P = len(ids)
         if P < MIN_TOKENS:
             return None
         scores, runs = self._score(ids)
-        if ratio == "auto":
-            for r in AUTO_RATIOS:
-                kept = choose(scores, ids, r, self.special)
-                a = self._agreement(ids, kept, runs)
-                if a >= AUTO_AGREEMENT:
-                    return Plan(kept, list(ids), r, a)
-            return None
-        kept = choose(scores, ids, float(ratio), self.special)
-        if len(kept) >= P:
-            return None
-        return Plan(kept, list(ids), float(ratio), self._agreement(ids, kept, runs))
+        for r in AUTO_RATIOS if ratio == "auto" else (float(ratio),):
+            kept = choose(scores, ids, r, self.special)
+            if len(kept) >= P:
+                continue
+            a = self._agreement(ids, kept, runs)
+            if ratio != "auto" or a >= AUTO_AGREEMENT:
+                return Plan(kept, list(ids), r, a)
+        return None
 
     # -- scoring ---------------------------------------------------------------------------
     def _score(self, ids: list[int]):
@@ -244,7 +236,7 @@ def shift_keys(k: np.ndarray, delta: int, inv_freq: np.ndarray, layout: str) -> 
 def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
     """The engine `be`'s current sequence (the whole prefix, prefilled) reduced to the plan's
     kept tokens at slots 0..K-1, keys shifted back by plan.delta: ONNX, the past arrays in
-    be.past_names order; llama.cpp, a seq-state blob in the context's cache type."""
+    be.past_names order; llama.cpp, a seq-state blob (bytes) in the context's cache type."""
     kept = np.asarray(plan.kept, np.int64)
     if be.name == "onnx":
         snap = be.seq_snapshot(be.single_seq, np.asarray(plan.source_ids, np.int64))
@@ -258,11 +250,12 @@ def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
         return out
     if be.name == "gguf":
         from ..runtime.llama_lib import KV_TYPES
-        from ..runtime.seqstate import parse_seq_state
+        from ..runtime.seqstate import extract_kv, parse_seq_state
         from ..runtime.seqstate_write import build_seq_state
 
         blob = be.state_blob()
-        ks, vs = _float_kv(blob, parse_seq_state(blob, be.state_parts), be.kv_rotation if be.kv_type != "f16" else 0)
+        rotation = be.kv_rotation if be.kv_type != "f16" else 0
+        ks, vs = extract_kv(blob, parse_seq_state(blob, be.state_parts), rotation)
         nk, hd = be.n_kv_heads, be.head_dim
         new_k, new_v = [], []
         for layer, (k, v) in enumerate(zip(ks, vs)):
@@ -272,36 +265,5 @@ def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
                                be.rope_layout).reshape(len(kept), -1)
             new_k.append(np.ascontiguousarray(k, np.float16))
             new_v.append(np.ascontiguousarray(v[kept], np.float16))
-        return np.frombuffer(build_seq_state(new_k, new_v, be.v_trans, kv_type=KV_TYPES[be.kv_type],
-                                             rotation=be.kv_rotation if be.kv_type != "f16" else 0),
-                             np.uint8)
+        return build_seq_state(new_k, new_v, be.v_trans, kv_type=KV_TYPES[be.kv_type], rotation=rotation)
     raise PrefixEdgeError(f"--compress-prefix: no route for the {be.name} backend")
-
-
-def _float_kv(blob, info, rotation: int):
-    """Per-layer K and V [cells, n_embd] as float32 from a one-part f16 or q8_0 blob (a q8_0
-    cache's Hadamard rotation undone)."""
-    from ..runtime.seqstate import GGML_TYPE_F16, GGML_TYPE_Q8_0, Q8_0_BYTES, extract_kv
-    from ..runtime.seqstate_write import hadamard
-
-    lay = info.layers[0]
-    if lay.k_type == GGML_TYPE_F16:
-        ks, vs = extract_kv(blob, info)
-        return [k.astype(np.float32) for k in ks], [v.astype(np.float32) for v in vs]
-    if lay.k_type != GGML_TYPE_Q8_0 or info.v_trans:
-        raise PrefixEdgeError("--compress-prefix: the GGUF KV cache must be f16 or q8_0")
-    buf = np.frombuffer(bytes(blob), np.uint8)
-    n = info.cell_count
-    h = hadamard(rotation) if rotation else None
-
-    def rows(off: int, row_bytes: int) -> np.ndarray:
-        b = buf[off:off + n * row_bytes].reshape(n, -1, Q8_0_BYTES)
-        d = np.ascontiguousarray(b[..., :2]).view("<f2")[..., 0].astype(np.float32)
-        x = (b[..., 2:].view(np.int8).astype(np.float32) * d[..., None]).reshape(n, -1)
-        if h is not None:
-            x = (x.reshape(n, -1, rotation) @ h).reshape(n, -1)
-        return x
-
-    ks = [rows(la.k_offset, la.k_row_bytes) for la in info.layers]
-    vs = [rows(la.v_offset, la.v_row_bytes) for la in info.layers]
-    return ks, vs

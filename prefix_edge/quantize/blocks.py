@@ -1,8 +1,11 @@
-"""Block quantization shared by export and the prefix-file codec (numpy only)."""
+"""Block quantization shared by export, the prefix-file codec and llama.cpp's sequence states
+(numpy only)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..errors import PrefixEdgeError
 
 
 def q8_0(a: np.ndarray, block: int, scale_dtype=np.float32,
@@ -21,3 +24,21 @@ def q8_0(a: np.ndarray, block: int, scale_dtype=np.float32,
         else:
             q = np.nan_to_num(np.round(blocks / scale.astype(np.float32)[..., None]))
     return q.clip(-127, 127).astype(np.int8), scale
+
+
+def q8_0_values(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The inverse of q8_0: int8 values [..., n/block, block] times their block's scale
+    [..., n/block], as float32 [..., n]."""
+    x = np.asarray(q, np.float32) * np.asarray(scale, np.float32)[..., None]
+    return x.reshape(*x.shape[:-2], -1)
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The normalized Sylvester Hadamard matrix of order n (a power of 2), float32; it is
+    symmetric and its own inverse."""
+    if n < 1 or n & (n - 1):
+        raise PrefixEdgeError(f"no Hadamard rotation of order {n} (not a power of 2)")
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)

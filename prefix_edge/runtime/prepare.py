@@ -159,9 +159,7 @@ class Requests:
             ids = self.encode_input(task, text, raw_special_tokens=raw)
         else:
             ids, cuts, _ = self.chat_input(task, messages, tools)
-        P = self.manifest.tasks[task].prefix_tokens if task is not None else 0
-        if task is not None and not use_cache and self.manifest.tasks[task].source_ids is not None:
-            P = len(self.manifest.tasks[task].source_ids)  # a compressed prefix prefilled whole
+        P = self.manifest.tasks[task].positions(use_cache) if task is not None else 0
         room = self.n_ctx - P - len(ids)
         if room < 1:
             what = f"with task '{task}''s prefix of {P} tokens " if task is not None else ""
@@ -223,9 +221,7 @@ class Requests:
         end = time.perf_counter()
         n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
         dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
-        P = self.manifest.tasks[r.task].prefix_tokens if r.task is not None else 0
-        if r.task is not None and not r.prefix_cached and self.manifest.tasks[r.task].source_ids is not None:
-            P = len(self.manifest.tasks[r.task].source_ids)
+        P = self.manifest.tasks[r.task].positions(r.prefix_cached) if r.task is not None else 0
         n_input = r.turn_hit + len(r.ids) - (0 if r.prefix_cached else P)
         stats = Stats(
             prefix_tokens=P, input_tokens=n_input,

@@ -284,20 +284,39 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
                 raise bad(f"{where}layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
 
 
-def extract_kv(blob, info: SeqStateInfo | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per-layer K and V as float16 [cells, n_embd] (cell order), the layers of each cache's
-    part in turn (an iSWA blob: the full-attention layers, then the sliding-window layers with
-    their fewer cells); the inverse of build_seq_state. K arrays (and V when not transposed)
-    are read-only views of the blob."""
+def extract_kv(blob, info: SeqStateInfo | None = None,
+               rotation: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-layer K and V [cells, n_embd] (cell order), the layers of each cache's part in turn
+    (an iSWA blob: the full-attention layers, then the sliding-window layers with their fewer
+    cells); the inverse of build_seq_state. An f16 cache: float16, K (and V when not
+    transposed) read-only views of the blob. A q8_0 cache: float32 values, each head's
+    Hadamard rotation of order `rotation` undone (runtime/llama.py kv_rotation; 0: none)."""
     info = info or parse_seq_state(blob)
     buf = _view(blob)
+    h = None
+    if rotation:
+        from ..quantize.blocks import hadamard
+
+        h = hadamard(rotation)
+
+    def q8_rows(off: int, row_bytes: int) -> np.ndarray:
+        from ..quantize.blocks import q8_0_values
+
+        b = np.frombuffer(buf, np.uint8, n * row_bytes, off).reshape(n, -1, Q8_0_BYTES)
+        x = q8_0_values(b[..., 2:].view(np.int8), np.ascontiguousarray(b[..., :2]).view("<f2")[..., 0])
+        return x if h is None else (x.reshape(n, -1, rotation) @ h).reshape(n, -1)
+
     ks, vs = [], []
     for part in info.parts:
         n = part.cell_count
         for il, lay in enumerate(part.layers):
+            if lay.k_type == lay.v_type == GGML_TYPE_Q8_0 and not part.v_trans:
+                ks.append(q8_rows(lay.k_offset, lay.k_row_bytes))
+                vs.append(q8_rows(lay.v_offset, lay.v_row_bytes))
+                continue
             if lay.k_type != GGML_TYPE_F16 or lay.v_type != GGML_TYPE_F16:
                 raise PrefixEdgeError(f"extract_kv: layer {il} K/V are {type_name(lay.k_type)}/"
-                                      f"{type_name(lay.v_type)}; only f16 caches can be extracted")
+                                      f"{type_name(lay.v_type)}; only f16 and q8_0 caches can be extracted")
             ks.append(np.frombuffer(buf, "<f2", n * lay.k_row_bytes // 2, lay.k_offset).reshape(n, -1))
             if part.v_trans:
                 vt = np.frombuffer(buf, "<f2", n * lay.n_embd_v_gqa, lay.v_offset)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import PrefixEdgeError
+from ..quantize.blocks import hadamard
 from .seqstate import (GGML_TYPE_F16, GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, SEQ_STATE_MAGIC,
                        SeqStateInfo, _read_cells, _read_data, _Reader)
 
@@ -31,16 +32,6 @@ def q8_0_rows(a: np.ndarray) -> np.ndarray:
     out[..., :2] = d[..., None].view(np.uint8)
     out[..., 2:] = q.view(np.uint8)
     return out.reshape(q.shape[0], -1)
-
-
-def hadamard(n: int) -> np.ndarray:
-    """The normalized Sylvester Hadamard matrix of order n (a power of 2), float32."""
-    if n < 1 or n & (n - 1):
-        raise PrefixEdgeError(f"no Hadamard rotation of order {n} (not a power of 2)")
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return (h / np.sqrt(n)).astype(np.float32)
 
 
 def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
