@@ -17,13 +17,18 @@ def home(default_home):
     return {"PREFIX_EDGE_HOME": str(default_home)}
 
 
-def test_default_bundle_has_the_demo_tasks(home):
+def test_default_bundle_has_the_demo_tasks(home, default_home):
     info = json.loads(cli("inspect", "--json", env=home).stdout)
     assert info["model"]["n_layers"] == 30 and info["model"]["n_kv_heads"] == 3
     assert info["backends"]["onnx"]["quantization"] == "int4"
     assert info["backends"]["gguf"]["quantization"] == "q4_1"  # the shipped GGUF, kept as it is
     lengths = {k: t["prefix_tokens"] for k, t in info["tasks"].items()}
     assert len(lengths) >= 4 and sum(n >= 200 for n in lengths.values()) >= 2, lengths
+    # the tokenizer dir is the tokenizer, not a second copy of the GGUF source (transformers saves
+    # a GGUF-loaded tokenizer's vocab file, the whole model, as tokenizer.model unless told not to)
+    tok_dir = default_home / "bundles" / "smollm2-135m" / "tokenizer"
+    assert sorted(f.name for f in tok_dir.iterdir() if f.stat().st_size > 10_000_000) == []
+    assert (tok_dir / "tokenizer.json").is_file()
 
 
 def test_default_int4_tracks_transformers(home):

@@ -196,7 +196,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         tok = AutoTokenizer.from_pretrained(str(hf_dir))
         if not tok.is_fast:
             raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
-        tok.save_pretrained(str(root / layout.TOKENIZER_DIR))
+        # tokenizer.json only: a slow tokenizer's vocab file of a GGUF source is the whole model
+        tok.save_pretrained(str(root / layout.TOKENIZER_DIR), legacy_format=False)
         info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
     chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
         (tok.chat_template or {}).get("default")

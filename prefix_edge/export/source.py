@@ -47,7 +47,7 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
         _match_gguf_bos(tok, model)
         m.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
+        tok.save_pretrained(str(out), legacy_format=False)  # not a copy of the GGUF as tokenizer.model
         return out
     if model.is_dir():
         if not (model / "config.json").is_file():

@@ -35,6 +35,7 @@ from .seqstate import all_finite, check_seq_state, parse_seq_state
 from .seqstate_write import in_stream, out_of_stream, row_bytes
 
 from .llama_context import ContextSpec, grow, make_context
+from .overlap import native_load
 from .llama_lib import (KV_TYPES, STATE_FORMAT, _format_part, available_devices, kv_rotation,  # noqa: F401
                         load_llama_cpp, state_version)
 
@@ -72,7 +73,7 @@ class LlamaBackend(OneSequence):
 
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0 if device == "cpu" else -1
-        self.model = L.llama_model_load_from_file(str(model_path).encode(), mp)
+        self.model = native_load(lambda: L.llama_model_load_from_file(str(model_path).encode(), mp))
         if not self.model:
             raise PrefixEdgeError(f"cannot load GGUF model {model_path} (not a GGUF file, or an "
                                   "architecture this llama.cpp does not know)")

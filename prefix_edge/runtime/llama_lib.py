@@ -50,6 +50,19 @@ def _bindings():
     return low, found.group(1)
 
 
+def _silent_log_callback(llama_cpp):
+    """A log callback that drops every message, native where possible. llama.cpp logs ~2,000
+    lines loading the default model; a Python callback takes the GIL for each, so the model's
+    load would stall behind any Python running beside it (the tokenizer's load: overlap.py).
+    C's `abs` is the native no-op: it reads the level as its one int argument and returns; the
+    C calling conventions of x86-64 and arm64 leave the other arguments unread and the return
+    value unused. Where the C library cannot be opened, a Python no-op."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).abs, llama_cpp.llama_log_callback)
+    except (OSError, AttributeError, TypeError):
+        return llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+
+
 def load_llama_cpp():
     """llama-cpp-python's bindings with its logging silenced and its backend initialised (once
     per process; later calls return the same module)."""
@@ -61,7 +74,7 @@ def load_llama_cpp():
     except ImportError:
         raise PrefixEdgeError("the gguf backend needs llama-cpp-python: "
                               "pip install 'prefix-edge[llama]'") from None
-    _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+    _LOG_CALLBACK = _silent_log_callback(llama_cpp)
     llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     _VERSION, _LIB = version, llama_cpp

@@ -102,6 +102,7 @@ class OnnxBackend(OneSequence):
         import onnxruntime as ort
 
         from . import ort_cache
+        from .overlap import native_load
 
         def options(optimize: bool):
             opts = ort.SessionOptions()
@@ -125,7 +126,8 @@ class OnnxBackend(OneSequence):
             if got is not None:
                 return got
         try:
-            return ort.InferenceSession(str(model_path), options(True), providers=providers), "model"
+            return native_load(lambda: ort.InferenceSession(str(model_path), options(True), providers=providers),
+                               ort_cache.PARSE_S), "model"
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
 

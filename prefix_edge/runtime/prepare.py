@@ -19,7 +19,7 @@ from .chat import ChatRenderer, check_messages
 from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
-from .constraint import Grammars
+from .constraint import Grammars, spec_of
 from .text import TextStream, TokenBytes
 from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
@@ -67,7 +67,7 @@ class Requests:
 
     def _sampler(self, opts: dict, constrain: bool = True) -> Sampler:
         sampler = Sampler.from_options(opts)
-        if constrain:  # None unless a constraint is asked for (or a task's default)
+        if constrain and spec_of(opts) is not None:  # the vocabulary's bytes built on first need
             sampler.constraint = self.grammars.constraint(opts)
         return sampler
 

@@ -16,6 +16,7 @@ from ..bundle import Bundle
 from ..errors import PrefixEdgeError
 from .backend import BACKENDS, EngineConfig, Opened
 from .engines import engine_class
+from .overlap import beside
 from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
@@ -121,7 +122,9 @@ class Runtime(Requests):
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
                            verify=verify, longest_prefix=longest)
-        opened = engine_class(backend).from_bundle(bundle, hashes, cfg)
+        # the tokenizer loads while the engine's model does (overlap.py)
+        with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
+            opened = engine_class(backend).from_bundle(bundle, hashes, cfg)
         be = opened.engine
         state = bundle.backend(backend).state
         if be.state_info() != state:
@@ -129,7 +132,12 @@ class Runtime(Requests):
             raise PrefixEdgeError(
                 f"bundle {bundle.root}: its {backend} prefixes were baked for KV state {state}, this "
                 f"runtime restores {be.state_info()} (another llama.cpp version?); re-export the bundle")
-        tokenizer = Tokenizer.from_file(str(bundle.tokenizer_file))
+        try:
+            tokenizer = loading.result()
+        except Exception as e:  # tokenizers raises its own types; give one line
+            be.close()
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise PrefixEdgeError(f"bundle {bundle.root}: cannot load its tokenizer: {why}") from None
         return cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
                    queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
                    verify=verify, turn_cache_bytes=turn_cache_bytes)

@@ -85,11 +85,9 @@ class TokenBytes:
     `▁` for a space and `<0xNN>` byte tokens. Added tokens are their own text."""
 
     def __init__(self, tok: Tokenizer):
-        import json
-
         self.tok = tok
-        model = json.loads(tok.to_str())
-        self.byte_level = '"ByteLevel"' in json.dumps(model.get("pre_tokenizer"))
+        pre = tok.pre_tokenizer  # its own JSON, not the whole tokenizer's (tens of ms)
+        self.byte_level = pre is not None and '"ByteLevel"' in pre.__getstate__().decode("utf-8", "replace")
         self.added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
         self.special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +102,8 @@ def _check_type(path: Path, task: str, key: str, value: Any, typ: type) -> Any:
 
 def load_tasks(path: str | Path) -> list[TaskSpec]:
     """Parse and validate a task file. Every problem names the file, the task and the key."""
+    import tomllib  # here: the runtime imports this module, but never reads a task file
+
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

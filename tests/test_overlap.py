@@ -1,0 +1,84 @@
+"""runtime/overlap.py: the work beside an engine's native load runs once, on the opening thread,
+while the load runs on another; errors of either surface as they would without the overlap."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from prefix_edge.runtime.overlap import beside, native_load
+
+pytestmark = pytest.mark.unit
+
+
+def test_work_runs_once_on_the_opening_thread_while_the_load_runs():
+    me = threading.get_ident()
+    seen = {}
+
+    def load():
+        seen["load"] = threading.get_ident()
+        time.sleep(0.2)  # releases the GIL, as a native load does
+        return "model"
+
+    def work():
+        seen["work"] = threading.get_ident()
+        seen["calls"] = seen.get("calls", 0) + 1
+        time.sleep(0.2)
+        return "tokenizer"
+
+    t0 = time.perf_counter()
+    with beside(work) as pending:
+        assert native_load(load) == "model"
+        assert native_load(lambda: "second") == "second"  # a later load: the work is done
+    assert pending.result() == "tokenizer"
+    both = time.perf_counter() - t0
+    assert seen["work"] == me and seen["load"] != me and seen["calls"] == 1
+    assert both < 0.38, f"load and work did not overlap: {both:.3f} s"
+
+
+def test_work_without_a_native_load_runs_at_result():
+    ran = []
+    with beside(lambda: ran.append(threading.get_ident()) or 7) as pending:
+        assert ran == []
+    assert pending.result() == 7 and pending.result() == 7 and ran == [threading.get_ident()]
+
+
+def test_a_failing_load_raises_and_the_work_still_completes():
+    ran = []
+
+    def load():
+        raise ValueError("not a GGUF file")
+
+    with pytest.raises(ValueError, match="not a GGUF"):
+        with beside(lambda: ran.append(1) or "tok"):
+            native_load(load)
+    assert ran == [1]  # joined, not left running on another thread
+
+
+def test_a_failing_work_raises_at_result_and_the_load_is_kept():
+    def work():
+        raise RuntimeError("tokenizer.json: expected value")
+
+    with beside(work) as pending:
+        assert native_load(lambda: "model") == "model"
+    with pytest.raises(RuntimeError, match="expected value"):
+        pending.result()
+
+
+def test_no_work_pending_outside_the_block_or_on_another_thread():
+    calls = []
+    with beside(lambda: calls.append("outer")) as outer:
+        other = []
+        t = threading.Thread(target=lambda: other.append(native_load(lambda: threading.get_ident())))
+        t.start()
+        t.join()
+        assert calls == []  # another thread's load does not take this thread's work
+        with beside(lambda: calls.append("inner")) as inner:
+            native_load(lambda: None)
+        assert calls == ["inner"]
+        native_load(lambda: None)
+        assert calls == ["inner", "outer"]
+    native_load(lambda: None)
+    assert calls == ["inner", "outer"] and inner.result() is None and outer.result() is None
