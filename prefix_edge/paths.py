@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "smollm2-135m"
 
 
 def home() -> Path:
-    """$PREFIX_EDGE_HOME, else the user's cache dir."""
+    """$PREFIX_EDGE_HOME, else the user's cache dir: on Linux platformdirs' own rule
+    ($XDG_CACHE_HOME if absolute, else ~/.cache), without importing it (~9 ms of a cold start)."""
     env = os.environ.get("PREFIX_EDGE_HOME")
     if env:
         return Path(env).expanduser()
+    if sys.platform.startswith("linux"):
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        return Path(xdg if os.path.isabs(xdg) else os.path.expanduser("~/.cache")) / "prefix-edge"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("prefix-edge"))

@@ -82,3 +82,4 @@ def test_no_work_pending_outside_the_block_or_on_another_thread():
         assert calls == ["inner", "outer"]
     native_load(lambda: None)
     assert calls == ["inner", "outer"] and inner.result() is None and outer.result() is None
+
