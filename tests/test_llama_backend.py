@@ -16,7 +16,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from prefix_edge.errors import PrefixEdgeError  # noqa: E402
 from prefix_edge.runtime.prefix import Prefix  # noqa: E402
-from prefix_edge.runtime.llama import LlamaBackend, write_prefix  # noqa: E402
+from prefix_edge.runtime.llama import LlamaBackend  # noqa: E402
+from prefix_edge.runtime.llama_prefix import write_prefix  # noqa: E402
 from prefix_edge.runtime.seqstate import (  # noqa: E402
     SEQ_STATE_MAGIC, check_seq_state, extract_kv, parse_seq_state)
 from prefix_edge.runtime.seqstate_write import build_seq_state  # noqa: E402

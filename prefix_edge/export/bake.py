@@ -119,7 +119,7 @@ def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store:
 
         write_prefix(path, kept_ids, dict(zip(be.past_names, kv)), meta, store or "f32")
     else:
-        from ..runtime.llama import write_prefix
+        from ..runtime.llama_prefix import write_prefix
 
         write_prefix(path, kept_ids, kv, meta, be.kv_type, be.expected_state())
 
@@ -167,7 +167,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
         def rows(a: np.ndarray) -> np.ndarray:  # [n_kv, V, d] -> [V, n_kv * d], F16 cells
             return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(V, -1), dtype=np.float16)
 
-        from ..runtime.llama import KV_TYPES
+        from ..runtime.llama_lib import KV_TYPES
 
         if be.n_swa and (len(m.sliding_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
             raise PrefixEdgeError(

@@ -26,9 +26,16 @@ class Sampler:
         self.presence_penalty = presence_penalty
         self.frequency_penalty = frequency_penalty
         self.logit_bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self._rng = None  # made on the first sampled token: greedy never imports numpy.random
         self.counts: dict[int, int] = {}
         self.constraint = None  # constraint.Constraint: masks what it does not allow
+
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     @classmethod
     def from_options(cls, o: dict) -> "Sampler":

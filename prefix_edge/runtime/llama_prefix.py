@@ -1,0 +1,122 @@
+"""The GGUF engine's prefix files: a task's prefix as llama.cpp serialises one sequence's KV,
+read through the prefix-file codec (bundle/prefixfile.py), checked against the model before
+anything reaches llama.cpp, and written back (export's baking, conversation snapshots).
+
+Prefix file (safetensors, like the ONNX backend's): `state` uint8 [blob bytes], `prefix_ids`
+int64 [P - n_virtual], metadata {fingerprint, task, n_virtual (trained prefixes: the leading
+cells that have no token id; absent = 0), ... as given, plus backend, state_format,
+state_version, n_layer, v_trans, kv_type, n_tokens (= cells = P)}. The blob is read whole and
+walked before use (seqstate.py): llama.cpp itself checks little and nothing about which model
+wrote it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import prefixfile
+from ..errors import PrefixEdgeError
+from .llama_lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
+from .prefix import Prefix
+from .seqstate import all_finite, check_seq_state, parse_seq_state
+from .seqstate_write import row_bytes
+
+BACKEND = "gguf"
+
+
+class PrefixFiles:
+    """LlamaBackend's prefix-file side (a mixin: it reads the engine's model facts, kv_type,
+    state_parts, state_version and the live context)."""
+
+    def expected_state(self, n_tokens: int | None = None) -> dict:
+        """What a seq-state blob for this model and context must look like."""
+        t = KV_TYPES[self.kv_type]
+        exp = {"n_layer": self.n_layers, "k_type": t, "v_type": t,
+               "k_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim),
+               "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
+               "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
+               "max_cells": self.max_ctx_seq}
+        if self.n_swa:
+            exp["n_layer"] = self.n_layers - self.swa_n_layer
+            exp["swa"] = {"n_layer": self.swa_n_layer, "window": self.n_swa}
+        if n_tokens is not None:
+            exp["cell_count"] = n_tokens
+        return exp
+
+    def load_prefix(self, path: Path) -> Prefix:
+        """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
+        tensors, meta = prefixfile.read(path, [prefixfile.STATE, prefixfile.IDS])
+        return self.prefix_from(tensors, meta, str(path))
+
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
+        """A Prefix from a prefix file's tensors and metadata; the blob is parsed and checked
+        against this model before anything reaches llama.cpp (its values walked for NaN/inf
+        unless `values_checked`: this file passed that walk before, unchanged since)."""
+        if meta.get("backend", self.name) != self.name:
+            raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not gguf")
+        baked_with = meta.get("state_version")
+        if baked_with and _format_part(baked_with) != _format_part(self.state_version):
+            raise PrefixEdgeError(f"{where}: KV state written by {baked_with}, this runtime reads "
+                                  f"{self.state_version}: rebake the prefix")
+        prefixfile.require(tensors, [prefixfile.STATE, prefixfile.IDS], where)
+        ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
+        state = tensors[prefixfile.STATE]
+        if state.dtype != np.uint8 or state.ndim != 1:
+            raise PrefixEdgeError(f"{where}: tensor 'state' is {state.dtype}{list(state.shape)}, "
+                                  "expected uint8 [bytes]")
+        prefix = Prefix(ids, np.ascontiguousarray(state), meta, int(state.nbytes),
+                        n_virtual=prefixfile.n_virtual(meta, where))
+        self._check(prefix, where, walk=not values_checked)
+        prefix.checked_by = self  # seq_restore need not walk this blob again
+        return prefix
+
+    def read_prefix_ids(self, path: Path) -> np.ndarray:
+        return prefixfile.read_ids(path)
+
+    def _check(self, prefix: Prefix, where: str = "prefix", walk: bool = True) -> None:
+        if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
+            raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
+        try:
+            info = parse_seq_state(prefix.kv, self.state_parts)
+            check_seq_state(info, self.expected_state(prefix.n_tokens))
+        except PrefixEdgeError as e:
+            raise PrefixEdgeError(f"{where}: {e}") from None
+        if walk and not all_finite(prefix.kv, info):  # restored, NaN/inf would poison the shared cache
+            raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
+        if np.any(prefix.ids < 0) or np.any(prefix.ids >= self.n_vocab):
+            raise PrefixEdgeError(f"{where}: prefix ids outside this model's vocabulary "
+                                  f"(0..{self.n_vocab - 1})")
+
+    def state_blob(self) -> bytes:
+        """Sequence 0's KV as a seq-state blob (after prefill of a prefix), checked."""
+        blob = self.seq_snapshot(0, np.zeros(self.pos, np.int64)).kv.tobytes()
+        check_seq_state(parse_seq_state(blob, self.state_parts), self.expected_state(self.pos))
+        return blob
+
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file."""
+        write_prefix(path, ids, self.state_blob(), metadata, self.kv_type, self.expected_state())
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
+        """Write a Prefix (a seq_snapshot) as a prefix file, the codec's format."""
+        write_prefix(path, prefix.ids, prefix.kv, {**metadata, "n_virtual": str(prefix.n_virtual)},
+                     self.kv_type, self.expected_state())
+
+
+def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str],
+                 kv_type: str = "f16", expected: dict | None = None) -> None:
+    """Write a gguf prefix file; the blob is walked first (against `expected`, the model's
+    expected_state, where given), its facts go into the metadata.
+    `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    meta = {k: str(v) for k, v in metadata.items()}
+    n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
+    expected = {**(expected or {}), "cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]}
+    info = parse_seq_state(blob, 2 if "swa" in expected else 1)
+    check_seq_state(info, expected)
+    meta.update({"backend": BACKEND, "state_format": STATE_FORMAT,
+                 "state_version": state_version(), "n_layer": str(sum(p.n_layer for p in info.parts)),
+                 "v_trans": str(int(info.v_trans)), "kv_type": kv_type, "n_tokens": str(n_cells)})
+    prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)
