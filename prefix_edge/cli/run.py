@@ -37,7 +37,7 @@ def run(
     input: Optional[str] = typer.Argument(None, help="The user's input (default: read stdin)."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help="Task name (see `prefix-edge tasks`); with --chat, default: the base model."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bundle dir (default bundle when omitted)."),
-    backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto (the faster one the bundle has)."),
+    backend: str = typer.Option("auto", "--backend", help="onnx | gguf | auto (gguf if the bundle has it and llama.cpp runs here, else onnx)."),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | metal (gguf) | auto."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Engine threads (default: the physical cores this process may use)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help=_help("max_tokens")),

@@ -26,7 +26,9 @@ from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
 if TYPE_CHECKING:
     from .conversation import Conversation
 
-AUTO_ORDER = ("gguf", "onnx")  # by measured decode speed on CPU (README, Performance)
+# llama.cpp first: it decodes concurrent requests in one batched step (ONNX runs them one after
+# another); which engine is faster alone depends on the CPU (docs/performance.md)
+AUTO_ORDER = ("gguf", "onnx")
 RESIDENT_BYTES = 256 << 20   # llama.cpp shared_kv: byte budget of resident task prefixes (LRU)
 
 
@@ -89,7 +91,7 @@ class Runtime(Requests):
              queue_size: int = 64, kv_cells: int | None = None,
              resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
              shared_kv: bool = False, turn_cache_bytes: int = TURN_CACHE_BYTES) -> "Runtime":
-        """Open a bundle. backend: "onnx", "gguf" or "auto" (the faster one the bundle has:
+        """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
         together (more wait in a queue of queue_size). llama.cpp: every slot has a KV stream
