@@ -120,7 +120,9 @@ def session(model_path: Path, options, providers: list[str], model_sha256: str, 
     cached = cached_model(model_sha256, verify)
     if cached is not None:
         try:
-            return native_load(lambda: ort.InferenceSession(str(cached), options(False), providers=providers), PARSE_S), "cache"
+            made = native_load(lambda: ort.InferenceSession(str(cached), options(False), providers=providers),
+                               PARSE_S)
+            return made, "cache"
         except Exception:  # noqa: BLE001 - an entry ORT refuses is dropped and rebuilt
             shutil.rmtree(cached.parent, ignore_errors=True)
     opts = options(True)

@@ -87,7 +87,7 @@ class TokenBytes:
     def __init__(self, tok: Tokenizer):
         self.tok = tok
         pre = tok.pre_tokenizer  # its own JSON, not the whole tokenizer's (tens of ms)
-        self.byte_level = pre is not None and '"ByteLevel"' in pre.__getstate__().decode("utf-8", "replace")
+        self.byte_level = pre is not None and b'"ByteLevel"' in pre.__getstate__()
         self.added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
         self.special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 
