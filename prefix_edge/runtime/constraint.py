@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,7 +60,8 @@ class Grammars:
     """A runtime's constraint compiler: the llguidance tokenizer (built on first use, ~0.5 s for
     a 49k vocabulary) and compiled grammars (checked once per distinct spec)."""
 
-    def __init__(self, tokenizer, token_bytes, n_vocab: int, eos: list[int]):
+    def __init__(self, tokenizer, token_bytes: Callable[[], Any], n_vocab: int, eos: list[int]):
+        # token_bytes: made on first use too (text.TokenBytes serialises the tokenizer: ~70 ms)
         self._args = (tokenizer, token_bytes, n_vocab, sorted(eos))
         self.n_vocab = n_vocab
         self._lock = threading.Lock()
@@ -73,7 +75,7 @@ class Grammars:
                 except ImportError:
                     raise PrefixEdgeError("constrained decoding needs llguidance: pip install llguidance") from None
                 tok, tb, n, eos = self._args
-                self._ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab(tok, tb, n, eos)),
+                self._ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab(tok, tb(), n, eos)),
                                                   n_vocab=n, eos_token=eos)
             return self._ll
 

@@ -28,7 +28,7 @@ from .backend import EngineConfig, OneSequence, Opened, fit_prefix
 from .llama_context import ContextSpec, grow, make_context
 from .llama_lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
-from .llama_prefix import PrefixFiles
+from .llama_prefix import BACKEND, PrefixFiles
 from .overlap import native_load
 from .prefix import Prefix
 from .seqstate import parse_seq_state
@@ -36,7 +36,7 @@ from .seqstate_write import in_stream, out_of_stream, row_bytes
 
 
 class LlamaBackend(PrefixFiles, OneSequence):
-    name = "gguf"
+    name = BACKEND
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,

@@ -102,7 +102,6 @@ class OnnxBackend(OneSequence):
         import onnxruntime as ort
 
         from . import ort_cache
-        from .overlap import native_load
 
         def options(optimize: bool):
             opts = ort.SessionOptions()
@@ -126,8 +125,7 @@ class OnnxBackend(OneSequence):
             if got is not None:
                 return got
         try:
-            return native_load(lambda: ort.InferenceSession(str(model_path), options(True), providers=providers),
-                               ort_cache.PARSE_S), "model"
+            return ort_cache.new_session(model_path, options(True), providers), "model"
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
 

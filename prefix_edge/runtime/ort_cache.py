@@ -113,16 +113,10 @@ def session(model_path: Path, options, providers: list[str], model_sha256: str, 
     (the saved entry, optimization off) or "saved" (built from the model, the entry made on the
     way); None when neither worked (the caller opens the model plainly and reports its error).
     `options(optimize)` makes the caller's SessionOptions."""
-    import onnxruntime as ort
-
-    from .overlap import native_load
-
     cached = cached_model(model_sha256, verify)
     if cached is not None:
         try:
-            made = native_load(lambda: ort.InferenceSession(str(cached), options(False), providers=providers),
-                               PARSE_S)
-            return made, "cache"
+            return new_session(cached, options(False), providers), "cache"
         except Exception:  # noqa: BLE001 - an entry ORT refuses is dropped and rebuilt
             shutil.rmtree(cached.parent, ignore_errors=True)
     opts = options(True)
@@ -131,12 +125,22 @@ def session(model_path: Path, options, providers: list[str], model_sha256: str, 
     if staging is None:
         return None
     try:
-        made = native_load(lambda: ort.InferenceSession(str(model_path), opts, providers=providers), PARSE_S)
+        made = new_session(model_path, opts, providers)
     except Exception:  # noqa: BLE001 - saving failed (disk full?): the caller opens it plainly
         shutil.rmtree(staging, ignore_errors=True)
         return None
     _publish(staging, model_sha256)
     return made, "saved"
+
+
+def new_session(path: Path, opts, providers: list[str]):
+    """An InferenceSession of `path`, made with what the opening thread has pending beside it
+    (overlap.py: Runtime.open's tokenizer), PARSE_S into the creation."""
+    import onnxruntime as ort
+
+    from .overlap import native_load
+
+    return native_load(lambda: ort.InferenceSession(str(path), opts, providers=providers), PARSE_S)
 
 
 def _save_options(opts, model_sha256: str) -> Path | None:

@@ -28,7 +28,8 @@ _pending = threading.local()
 
 
 class Work:
-    """A piece of work run once, on the thread that made it."""
+    """A call run once (by run(), or by result() if nothing ran it), its value or error kept
+    for result() to return or raise on the caller's thread."""
 
     def __init__(self, fn: Callable[[], Any]):
         self._fn = fn
@@ -72,15 +73,8 @@ def native_load(fn: Callable[[], Any], settle: float = 0.0) -> Any:
     work = getattr(_pending, "work", None)
     if work is None or work._done:
         return fn()
-    out: dict[str, Any] = {}
-
-    def load() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=load, name="prefix-edge-load", daemon=True)
+    load = Work(fn)
+    t = threading.Thread(target=load.run, name="prefix-edge-load", daemon=True)
     t.start()  # returns once the thread runs; it reaches the native call before this one's work
     if settle:
         time.sleep(settle)
@@ -88,6 +82,4 @@ def native_load(fn: Callable[[], Any], settle: float = 0.0) -> Any:
         work.run()
     finally:
         t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+    return load.result()

@@ -19,7 +19,7 @@ from .chat import ChatRenderer, check_messages
 from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
-from .constraint import Grammars, spec_of
+from .constraint import Grammars
 from .text import TextStream, TokenBytes
 from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
@@ -63,11 +63,11 @@ class Requests:
 
     @functools.cached_property
     def grammars(self) -> Grammars:
-        return Grammars(self.tokenizer, self.token_bytes, self._n_vocab, sorted(self.eos))
+        return Grammars(self.tokenizer, lambda: self.token_bytes, self._n_vocab, sorted(self.eos))
 
     def _sampler(self, opts: dict, constrain: bool = True) -> Sampler:
         sampler = Sampler.from_options(opts)
-        if constrain and spec_of(opts) is not None:  # the vocabulary's bytes built on first need
+        if constrain:  # None unless a constraint is asked for (or a task's default)
             sampler.constraint = self.grammars.constraint(opts)
         return sampler
 
