@@ -139,9 +139,9 @@ def _converse(rt, task, turns, **kw):
 def test_cached_turns_equal_uncached(bundle_int4, backend, task):
     with Runtime.open(bundle_int4, backend=backend) as rt:
         conv, got = _converse(rt, task, TURNS, system="Be brief." if task is None else None)
-        assert rt.engine_info()["turn_cache"]["hits"] == len(TURNS) - 1
+        assert rt.engine_info()["prompt_cache"]["hits"] == len(TURNS) - 1
     P = 0 if task is None else None
-    with Runtime.open(bundle_int4, backend=backend, turn_cache_bytes=0) as rt:
+    with Runtime.open(bundle_int4, backend=backend, prompt_cache_bytes=0) as rt:
         P = rt.manifest.tasks[task].prefix_tokens if task else 0
         for k, (tokens, cached, n_in) in enumerate(got):
             msgs = conv.messages[:2 * k + (1 if task is None else 0) + 1]
@@ -156,10 +156,10 @@ def test_cached_turns_equal_uncached(bundle_int4, backend, task):
 def test_interleaved_conversations_in_threads(bundle_int4, backend):
     """Four conversations at once (threads), with a cache too small for all of them: every
     turn equals the same turn run alone with the cache off."""
-    with Runtime.open(bundle_int4, backend=backend, turn_cache_bytes=0) as rt:
+    with Runtime.open(bundle_int4, backend=backend, prompt_cache_bytes=0) as rt:
         refs = {i: _converse(rt, "support" if i % 2 else "extract", TURNS[i:i + 4])[1] for i in range(4)}
     got, errors = {}, []
-    with Runtime.open(bundle_int4, backend=backend, slots=3, turn_cache_bytes=64 << 10) as rt:
+    with Runtime.open(bundle_int4, backend=backend, slots=3, prompt_cache_bytes=64 << 10) as rt:
         def run(i):
             try:
                 got[i] = _converse(rt, "support" if i % 2 else "extract", TURNS[i:i + 4])[1]
@@ -171,7 +171,7 @@ def test_interleaved_conversations_in_threads(bundle_int4, backend):
         for t in threads:
             t.join(300)
         assert not errors
-        info = rt.engine_info()["turn_cache"]
+        info = rt.engine_info()["prompt_cache"]
         assert info["bytes"] <= 64 << 10
     for i in range(4):
         assert [t for t, _, _ in got[i]] == [t for t, _, _ in refs[i]]
@@ -190,7 +190,7 @@ def test_turn_cache_of_a_cancelled_reply(bundle_int4):
         assert conv.messages[-1]["content"] == s.result.text
         r = conv.send(TURNS[1], max_tokens=10)
         assert r.stats.cached_tokens > rt.manifest.tasks["support"].prefix_tokens
-        ref = rt.generate("support", messages=conv.messages[:-1], max_tokens=10, use_turn_cache=False)
+        ref = rt.generate("support", messages=conv.messages[:-1], max_tokens=10, use_prompt_cache=False)
         assert ref.tokens == r.tokens
 
 
@@ -208,7 +208,7 @@ def test_save_and_resume_in_another_runtime(bundle_int4, bundle_fp32, backend, t
         assert again.kv_restored and again.messages == messages
         r = again.send(TURNS[3], max_tokens=10)
         assert r.stats.cached_tokens > rt.manifest.tasks["support"].prefix_tokens
-    with Runtime.open(bundle_int4, backend=backend, turn_cache_bytes=0) as rt:
+    with Runtime.open(bundle_int4, backend=backend, prompt_cache_bytes=0) as rt:
         ref = rt.generate("support", messages=messages + [{"role": "user", "content": TURNS[3]}],
                           max_tokens=10)
         assert ref.tokens == r.tokens

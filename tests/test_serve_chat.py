@@ -22,7 +22,7 @@ SYSTEM = "Answer in one short sentence."
 
 @pytest.fixture(scope="module")
 def local(bundle_int4):
-    with Runtime.open(bundle_int4, backend="onnx", turn_cache_bytes=0) as rt:
+    with Runtime.open(bundle_int4, backend="onnx", prompt_cache_bytes=0) as rt:
         yield rt
 
 
@@ -34,7 +34,7 @@ def _ref(local, task, messages, **kw):
 def test_conversation_with_history_and_system(client, local, task):
     msgs = [{"role": "system", "content": SYSTEM}]
     cached = []
-    hits_before = _turn_cache_hits(client)
+    hits_before = _prompt_cache_hits(client)
     for turn in INPUTS:
         msgs.append({"role": "user", "content": turn})
         r = client.chat.completions.create(model=task, messages=msgs, max_tokens=12)
@@ -46,12 +46,12 @@ def test_conversation_with_history_and_system(client, local, task):
         msgs.append({"role": "assistant", "content": r.choices[0].message.content})
     # turn k resumed after turn k-1's prompt (the turn cache), not only after the task prefix
     assert cached[1] > cached[0] and cached[2] > cached[1]
-    assert _turn_cache_hits(client) - hits_before == len(INPUTS) - 1  # every turn after the first
+    assert _prompt_cache_hits(client) - hits_before == len(INPUTS) - 1  # every turn after the first
 
 
-def _turn_cache_hits(client) -> int:
+def _prompt_cache_hits(client) -> int:
     hits = [ln for ln in httpx.get(client.base_url.join("/metrics").__str__().replace("/v1", ""))
-            .text.splitlines() if ln.startswith("prefix_edge_turn_cache_hits_total")]
+            .text.splitlines() if ln.startswith("prefix_edge_prompt_cache_hits_total")]
     return int(hits[0].split()[1])
 
 

@@ -24,7 +24,7 @@ def serve(
     n_ctx: Optional[int] = typer.Option(None, "--n-ctx", help="Positions one request may use: prefix + input + output (default: the model's context; llama.cpp: at most 4096)."),
     kv_cells: Optional[int] = typer.Option(None, "--kv-cells", help="llama.cpp KV cells in all (default: slots x n-ctx; with --shared-kv: from the longest prefix and slots)."),
     shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
-    turn_cache: int = typer.Option(256, "--turn-cache", help="MiB of host memory for conversations' KV so far (a follow-up turn prefills only its new tokens; 0: off)."),
+    prompt_cache: int = typer.Option(512, "--prompt-cache", "--turn-cache", help="MiB of host memory for the KV of prompts already read: a request starting with the same tokens (the same documents or system prompt, a conversation's next turn) prefills only the rest; 0: off."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
@@ -49,7 +49,7 @@ def serve(
             raise PrefixEdgeError("--replicas and --tasks-per-replica must be >= 1")
         args = {"bundle": str(bundle) if bundle else None, "replicas": replicas, "tasks_per_replica": tasks_per_replica,
                 "backend": backend, "device": device, "threads": threads, "slots": slots,
-                "turn_cache": turn_cache, "api_key": api_key}
+                "turn_cache": prompt_cache, "api_key": api_key}
         if ray_config:
             write_config(ray_config, args, host, port)
             typer.echo(f"wrote {ray_config}: `serve deploy {ray_config}` (set api_key in its args yourself)", err=True)
@@ -79,7 +79,7 @@ def serve(
     try:
         rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
                           queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv,
-                          turn_cache_bytes=max(0, turn_cache) << 20)
+                          prompt_cache_bytes=max(0, prompt_cache) << 20)
         application = create_app(rt, api_key=api_key,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout)

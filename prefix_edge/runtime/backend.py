@@ -3,7 +3,10 @@
 An engine owns one model and serves *sequences*. The scheduler (scheduler.py) is its only
 caller at run time, from its one engine thread, and makes exactly these calls:
 
-    engine.seq_restore(seq, prefix)   empty `seq`, install a baked prefix (or none) at 0..P-1
+    engine.seq_restore(seq, prefix, keep)
+                                      empty `seq`, install a baked prefix or a kept prompt's
+                                      state (or none) at 0..P-1 (keep: only its first positions,
+                                      where `keeps_partial`)
     engine.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
     engine.seq_snapshot(seq, ids)     seq's KV copied out as a Prefix (the turn cache)
     engine.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
@@ -73,12 +76,13 @@ class Engine(Protocol):
     n_kv_heads: int
     head_dim: int
     kv_dtype_name: str
+    keeps_partial: bool  # seq_restore(keep=...) is allowed (every layer holds all its positions)
 
     @classmethod
     def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...
 
     # -- what the scheduler calls ----------------------------------------------------------
-    def seq_restore(self, seq: int, prefix: Prefix | None) -> int: ...
+    def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int: ...
 
     def seq_copy(self, src: int, dst: int) -> None: ...
 

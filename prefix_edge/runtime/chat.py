@@ -15,8 +15,9 @@ The base model (task None) has no prefix: its conversation is rendered alone, as
 apply_chat_template(messages, add_generation_prompt=True) renders it.
 
 Besides the ids, a prompt has *cuts*: where each earlier turn's prompt ended (just after its
-generation prompt). The turn cache (turn_cache.py) resumes only there, and prefill chunks
-never cross one, so a turn resumed from the cache computes what a run without it computes.
+generation prompt) and where each message ends. Prefill chunks never cross one and the prompt
+cache (prompt_cache.py) keys by those chunks, so a prompt resumed from the cache computes what
+a run without it computes.
 Message text that spells a special token (`<|im_end|>`...) is encoded as plain text.
 """
 
@@ -108,7 +109,7 @@ def _check_calls(calls, where: str) -> list[dict]:
 @dataclass
 class ChatPrompt:
     ids: np.ndarray          # the input after the task's prefix
-    cuts: tuple[int, ...]    # ends of earlier turns' prompts, in ids
+    cuts: tuple[int, ...]    # ends of earlier turns' prompts and of messages, in ids
     messages: list[dict]     # the request's messages (checked)
 
 
@@ -157,14 +158,7 @@ class ChatRenderer:
 
             raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request may "
                                         "use after the task's prefix (n_ctx)")
-        char_cuts = []
-        for i in range(1, len(msgs)):
-            if msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant":
-                s = self.render(own + msgs[:i], True, offered)
-                n = len(s) - len(head)
-                if s.startswith(head) and text.startswith(s[len(head):]) and 0 < n < len(text) \
-                        and (not char_cuts or n > char_cuts[-1]):
-                    char_cuts.append(n)
+        char_cuts = self._cuts(own, msgs, offered, head, text)
         protected = self._protected(text, msgs)
         ids, cuts, at = [], [], 0
         for c in char_cuts + [len(text)]:
@@ -172,6 +166,25 @@ class ChatRenderer:
             cuts.append(len(ids))
             at = c
         return ChatPrompt(np.array(ids, np.int64), tuple(cuts[:-1]), messages)
+
+    def _cuts(self, own: list, msgs: list, offered, head: str, text: str) -> list[int]:
+        """Where chunks break in `text`: each earlier turn's prompt end (after its generation
+        prompt: where the next turn resumes) and the end of each other message followed by one
+        that is not a reply, where a token starts there (a system message of documents, resent
+        with a new question, is reused up to its end)."""
+        found = set()
+        for i in range(1, len(msgs)):
+            # before a reply only the turn's prompt end: a first turn's prompt has no cut
+            turn = msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant"
+            for gen in (True,) if turn else (False,):
+                s = self.render(own + msgs[:i], gen, offered)
+                n = len(s) - len(head)
+                if s.startswith(head) and text.startswith(s[len(head):]) and 0 < n < len(text):
+                    found.add((n, gen))
+        if not found:
+            return []
+        starts = {a for a, _ in self.tok.encode(text, add_special_tokens=False).offsets}
+        return sorted({n for n, gen in found if gen or n in starts})
 
     def _protected(self, text: str, msgs: list[dict]) -> list[tuple[int, int]]:
         """Spans of `text` that are message content spelling a special token: plain text."""

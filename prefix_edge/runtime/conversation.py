@@ -8,7 +8,7 @@
 
 Each turn is one request with messages = history + the new user message: the runtime renders
 it with the model's chat template and the turn cache resumes it after the previous turn's
-prompt (turn_cache.py). A reply joins the history when its stream ends, with what it produced
+prompt (prompt_cache.py). A reply joins the history when its stream ends, with what it produced
 (also when cancelled or cut by max_tokens); a failed turn adds nothing. One turn at a time.
 
 A saved conversation is a prefix file (the bundle's codec, bundle/prefixfile.py): the KV of
@@ -31,7 +31,7 @@ from .chat import check_messages
 if TYPE_CHECKING:
     from ..bundle import Manifest
     from .stream import Result, Stream
-    from .turn_cache import TurnCache
+    from .prompt_cache import PromptCache
 
 
 class Runtime(Protocol):
@@ -41,7 +41,7 @@ class Runtime(Protocol):
     manifest: "Manifest"
     fingerprint: str
     prefill_chunk: int
-    turns: "TurnCache"
+    prompts: "PromptCache"
     backend: Any
 
     def options(self, task: str | None, overrides: dict) -> dict: ...
@@ -110,7 +110,7 @@ class Conversation:
                 "messages": json.dumps(self.messages, ensure_ascii=False)}
 
     def save(self, path: str | Path) -> bool:
-        """Write the conversation; True if its KV went with it (it is in the turn cache)."""
+        """Write the conversation; True if its KV went with it (it is in the prompt cache)."""
         if self._busy:
             raise PrefixEdgeError("a reply is still streaming: save after it ends")
         path = Path(path)
@@ -118,7 +118,7 @@ class Conversation:
         entry = None
         if self._last is not None:
             root, ids, cuts = self._last
-            entry = self.rt.turns.get(root, ids, cuts)
+            entry = self.rt.prompts.get(root, ids, cuts)
             meta["turn_ids"] = json.dumps([int(x) for x in ids])
             meta["turn_cuts"] = json.dumps(list(cuts))
         tmp = path.with_name(path.name + ".tmp")
@@ -174,6 +174,6 @@ class Conversation:
                     raise PrefixEdgeError(f"{where}: its KV holds {prefix.n_tokens} positions, its "
                                           f"prompt {n_pre + len(ids)}")
                 prefix.checked_by, prefix.pin = rt.backend, False
-                conv.kv_restored = rt.turns.put(root, ids, cuts, prefix)
+                conv.kv_restored = rt.prompts.put(root, ids, cuts, prefix)
                 conv._last = (root, ids, cuts)
         return conv

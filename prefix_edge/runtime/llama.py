@@ -212,9 +212,15 @@ class LlamaBackend(PrefixFiles, OneSequence):
         return np.array(out[:n], dtype=np.int64)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
-    def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
+    @property
+    def keeps_partial(self) -> bool:
+        """Whether seq_restore can keep only a state's first positions: not with sliding-window
+        layers, whose cache holds only the last cells of the state."""
+        return self.swa_n_layer == 0
+
+    def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
         """Empty sequence `seq` and install a baked prefix (or nothing) at positions 0..P-1;
-        returns P."""
+        returns P. keep: install only the prefix's first `keep` positions."""
         L = self._L
         self._live()
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
@@ -233,12 +239,18 @@ class LlamaBackend(PrefixFiles, OneSequence):
             raise PrefixEdgeError(f"llama.cpp refused the prefix KV state (read {n} of "
                                   f"{blob.nbytes} bytes): the KV cache is full, or the prefix "
                                   "was baked for another model")
+        n = prefix.n_tokens
+        if keep is not None and keep < n:
+            if not self.keeps_partial or keep < 0 or \
+                    not L.llama_memory_seq_rm(self.mem, seq, keep, -1):
+                L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+                raise PrefixEdgeError(f"cannot keep {keep} of a state's {n} positions here")
+            n = keep
         last = L.llama_memory_seq_pos_max(self.mem, seq)
-        if last != prefix.n_tokens - 1:
+        if last != n - 1:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-            raise PrefixEdgeError(f"prefix restore left positions up to {last}, "
-                                  f"expected {prefix.n_tokens - 1}")
-        return prefix.n_tokens
+            raise PrefixEdgeError(f"prefix restore left positions up to {last}, expected {n - 1}")
+        return n
 
     def seq_copy(self, src: int, dst: int) -> None:
         """dst := src: a unified cache shares src's cells (no bytes copied); with a stream per

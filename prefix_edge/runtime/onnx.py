@@ -184,7 +184,9 @@ class OnnxBackend(OneSequence):
     # by every sequence of that task until its first forward, which returns new present tensors.
     # Sequences run one after another: one row per run keeps every request bit-identical to
     # running alone (see runtime/scheduler.py).
-    def _start(self, prefix: Prefix | None) -> tuple:
+    keeps_partial = True  # seq_restore can keep a state's first positions (every layer holds all)
+
+    def _start(self, prefix: Prefix | None, keep: int | None = None) -> tuple:
         """A new sequence's (past, position): the prefix's KV or none.
 
         Fused graph: the first sequence of a prefix copies it into a buffer that becomes the
@@ -192,6 +194,12 @@ class OnnxBackend(OneSequence):
         which no forward writes (GQA appends after them). While no sequence holds it, the next
         sequence of that prefix takes the home as it is: a task switch copies nothing."""
         n = 0 if prefix is None else prefix.n_tokens
+        if keep is not None and keep < n:  # the first positions of a state: views, never a home
+            if keep < 0:
+                raise PrefixEdgeError(f"cannot keep {keep} of a state's {n} positions")
+            kv = [t[:, :, :keep] for t in prefix.kv]
+            prefix, n = Prefix(prefix.ids[:max(0, keep - prefix.n_virtual)], kv, {}, 0,
+                               n_virtual=min(prefix.n_virtual, keep), checked_by=self, pin=False), keep
         if self.shared:
             home = prefix.home if prefix is not None and prefix.home is not None and \
                 prefix.home[0]() is self else None
@@ -244,10 +252,10 @@ class OnnxBackend(OneSequence):
         while len(self._spare) > SPARE_BUFFERS or sum(b.nbytes for b in self._spare) > SPARE_BYTES:
             self._spare.pop(0)  # the biggest goes first
 
-    def seq_restore(self, seq: int, prefix: Prefix | None) -> int:
+    def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
         if seq in self.seqs:
             self._recycle(self.seqs[seq][0])
-        self.seqs[seq] = self._start(prefix)
+        self.seqs[seq] = self._start(prefix, keep)
         return self.seqs[seq][1]
 
     def seq_copy(self, src: int, dst: int) -> None:

@@ -23,7 +23,8 @@ from .constraint import Grammars
 from .text import TextStream, TokenBytes
 from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
-FLAGS = ("use_prefix_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")
+# use_turn_cache: the prompt cache's earlier name (still accepted)
+FLAGS = ("use_prefix_cache", "use_prompt_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
@@ -137,7 +138,8 @@ class Requests:
             raise PrefixEdgeError("the base model (no task) takes messages, not text")
         raw = self._flag(overrides, "raw_special_tokens", False)
         use_cache = self._flag(overrides, "use_prefix_cache", True)
-        use_turns = self._flag(overrides, "use_turn_cache", True) and use_cache and messages is not None
+        use_prompts = self._flag(overrides, "use_prompt_cache", self._flag(overrides, "use_turn_cache", True)) \
+            and use_cache
         logprobs = overrides.get("logprobs")
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
@@ -180,30 +182,31 @@ class Requests:
                 prefix, key = None, None
                 pre = self.prefixes.ids(task)
                 ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
-        if use_turns:
-            hit = self.turns.lookup(root, full, cuts)
-        turn_hit = 0
-        if hit is not None:  # resume after an earlier turn: its KV, then only the new tokens
-            prefix, key, turn_hit = hit.prefix, None, hit.n
+        if use_prompts:
+            hit = self.prompts.lookup(root, full, cuts, P)
+        turn_hit, keep = 0, None
+        if hit is not None:  # an earlier prompt's KV up to a chunk end, then only the rest
+            prefix, key, turn_hit, keep = hit.prefix, None, hit.n, hit.keep
             ids, cuts = ids[turn_hit:], tuple(c - turn_hit for c in cuts if c > turn_hit)
         load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
         snapshot = None
-        if use_turns and self.turns.budget:
+        if use_prompts and self.prompts.wants(len(full), messages is not None):
             snapshot = self._keeper(root, full, full_cuts,
                                     self.manifest.tasks[task].n_virtual if task is not None else 0)
         return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
-                       prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot,
+                       prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
                        turn=(root, full, full_cuts) if messages is not None else None)
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
-        """The engine-thread callback that keeps a turn's KV once its prompt is read."""
-        turns = self.turns
+        """The engine-thread callback that keeps a prompt's KV once it is read."""
+        prompts = self.prompts
 
         def keep(backend, r: Request) -> None:
-            text_ids = np.concatenate([r.prefix.ids, r.ids]) if r.prefix is not None else r.ids
-            turns.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
+            text_ids = full if r.prefix is None else np.concatenate(
+                [r.prefix.ids[:max(0, r.pos - len(full) - n_virtual)], full])
+            prompts.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
         return keep
 
     def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:

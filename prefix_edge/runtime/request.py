@@ -35,7 +35,8 @@ class Request:
     siblings: list = field(default_factory=list)  # n > 1: the other choices, forked after the prefill
     parent: "Request | None" = None               # a sibling's first choice
     logprobs: int | None = None  # record each token's log-probability and this many alternatives
-    turn_hit: int = 0            # input tokens restored from the turn cache (not in `ids`)
+    prefix_keep: int | None = None  # positions of `prefix` to restore (None: all of it)
+    turn_hit: int = 0            # input tokens restored from the prompt cache (not in `ids`)
     tools: object = None         # tools.ToolSpec: the answer may be read as a tool call
     turn: tuple | None = None    # a conversation's (root, input ids, cuts): its turn-cache key
     # engine-side state

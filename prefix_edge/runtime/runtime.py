@@ -21,7 +21,7 @@ from .prefix_cache import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
-from .turn_cache import DEFAULT_BYTES as TURN_CACHE_BYTES, TurnCache
+from .prompt_cache import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
 
 if TYPE_CHECKING:
     from .conversation import Conversation
@@ -65,12 +65,12 @@ class Runtime(Requests):
     def __init__(self, bundle: Bundle, opened: Opened, tokenizer, fingerprint: str,
                  prefix_cache_size: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 verify: str = "cached", turn_cache_bytes: int = TURN_CACHE_BYTES):
+                 verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
         self.fingerprint, self.prefill_chunk = fingerprint, prefill_chunk
-        self.turns = TurnCache(turn_cache_bytes)
+        self.prompts = PromptCache(prompt_cache_bytes, prefill_chunk, backend.keeps_partial)
         self.prefixes = PrefixCache(bundle, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = opened.n_ctx  # positions one request may use (prefix + input + output)
@@ -90,7 +90,8 @@ class Runtime(Requests):
              n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
              queue_size: int = 64, kv_cells: int | None = None,
              resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
-             shared_kv: bool = False, turn_cache_bytes: int = TURN_CACHE_BYTES) -> "Runtime":
+             shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
+             turn_cache_bytes: int | None = None) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -101,8 +102,10 @@ class Runtime(Requests):
         run in a fresh runtime whatever runs beside or before it. shared_kv=True instead shares one cache of kv_cells cells (default from the longest
         prefix and slots) between all requests and resident task prefixes (resident_bytes
         their budget): less memory and task switches without a restore, but a greedy answer
-        may change with what else is in the cache (near-tie steps). turn_cache_bytes: host
-        memory for the KV of conversations so far (turn_cache.py; 0: off). verify: "cached"
+        may change with what else is in the cache (near-tie steps). prompt_cache_bytes:
+        host memory for the KV of prompts already read, reused by any later request that starts
+        with the same tokens: a conversation's next turn, the same documents or system prompt
+        again (prompt_cache.py; 0: off; turn_cache_bytes is its earlier name). verify: "cached"
         reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
         "full" always hashes."""
         from tokenizers import Tokenizer
@@ -113,6 +116,7 @@ class Runtime(Requests):
         for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
                                  ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
                                  ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64),
+                                 ("prompt_cache_bytes", prompt_cache_bytes, 0),
                                  ("turn_cache_bytes", turn_cache_bytes, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -142,7 +146,8 @@ class Runtime(Requests):
             raise PrefixEdgeError(f"bundle {bundle.root}: cannot load its tokenizer: {why}") from None
         return cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
                    queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
-                   verify=verify, turn_cache_bytes=turn_cache_bytes)
+                   verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
+                   else turn_cache_bytes)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -220,7 +225,7 @@ class Runtime(Requests):
         self._sched.close()
         with self._prefix_lock:
             self.prefixes.clear()
-        self.turns.clear()
+        self.prompts.clear()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -249,4 +254,4 @@ class Runtime(Requests):
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
-                "residents": s.resident_info(), "turn_cache": self.turns.info(), **s.stats}
+                "residents": s.resident_info(), "prompt_cache": self.prompts.info(), **s.stats}

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .prefix import Prefix
+from .prompt_cache import chunk_end
 from .request import Request
 from .sampling import token_logprobs
 
@@ -250,7 +251,8 @@ class Scheduler:
     def _start(self, r: Request) -> bool:
         """Give `r` a sequence with its prefix in place; False if the cache has no room yet."""
         t = time.perf_counter()
-        n_prefix = r.prefix.n_tokens if r.prefix is not None else 0
+        n_prefix = (r.prefix.n_tokens if r.prefix_keep is None else r.prefix_keep) \
+            if r.prefix is not None else 0
         own = len(r.ids) + r.max_tokens
         shared = (r.prefix is not None and r.prefix_key is not None
                   and (r.prefix_key in self.residents or self._can_reside(r.prefix)))
@@ -278,7 +280,7 @@ class Scheduler:
                 r.uses_resident = True
                 r.reserved = own
             else:
-                self.backend.seq_restore(seq, r.prefix)
+                self.backend.seq_restore(seq, r.prefix, r.prefix_keep)
                 r.reserved = own + n_prefix
         except BaseException:
             self.backend.seq_free(seq)
@@ -333,10 +335,7 @@ class Scheduler:
         groups = [decode] if decode else []
         for r in self.active:  # then a prefill chunk for requests still reading their input
             if r.next_token is None and r.fed < len(r.ids):
-                n = min(self.prefill_chunk, len(r.ids) - r.fed)
-                cut = next((c for c in r.cuts if c > r.fed), None)
-                if cut is not None:
-                    n = min(n, cut - r.fed)
+                n = chunk_end(r.fed, len(r.ids), r.cuts, self.prefill_chunk) - r.fed
                 if n > budget:
                     break
                 groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])

@@ -68,11 +68,15 @@ class Metrics:
                 f"prefix_edge_active_requests {engine.get('active', 0)}",
                 "# TYPE prefix_edge_waiting_requests gauge",
                 f"prefix_edge_waiting_requests {engine.get('waiting', 0)}"]
-        turns = engine.get("turn_cache") or {}
-        out += ["# TYPE prefix_edge_turn_cache_hits_total counter",
-                f"prefix_edge_turn_cache_hits_total {turns.get('hits', 0)}",
-                "# TYPE prefix_edge_turn_cache_misses_total counter",
-                f"prefix_edge_turn_cache_misses_total {turns.get('misses', 0)}",
-                "# TYPE prefix_edge_turn_cache_bytes gauge",
-                f"prefix_edge_turn_cache_bytes {turns.get('bytes', 0)}"]
+        prompts = engine.get("prompt_cache") or {}
+        out += ["# TYPE prefix_edge_prompt_cache_hits_total counter",
+                f"prefix_edge_prompt_cache_hits_total {prompts.get('hits', 0)}",
+                "# TYPE prefix_edge_prompt_cache_misses_total counter",
+                f"prefix_edge_prompt_cache_misses_total {prompts.get('misses', 0)}",
+                "# TYPE prefix_edge_prompt_cache_hit_tokens_total counter",
+                f"prefix_edge_prompt_cache_hit_tokens_total {prompts.get('hit_tokens', 0)}",
+                "# TYPE prefix_edge_prompt_cache_bytes gauge",
+                f"prefix_edge_prompt_cache_bytes {prompts.get('bytes', 0)}",
+                "# TYPE prefix_edge_prompt_cache_budget_bytes gauge",
+                f"prefix_edge_prompt_cache_budget_bytes {prompts.get('budget_bytes', 0)}"]
         return "\n".join(out) + "\n"
