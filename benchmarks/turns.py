@@ -57,9 +57,9 @@ def in_process(bundle, backend: str, turns: int, max_tokens: int, cache: bool) -
     from prefix_edge import Runtime
 
     out = []
-    with Runtime.open(bundle, backend=backend, slots=1, turn_cache_bytes=(256 << 20) if cache else 0) as rt:
+    with Runtime.open(bundle, backend=backend, slots=1, prompt_cache_bytes=(512 << 20) if cache else 0) as rt:
         rt.generate("support", messages=conversation(1), max_tokens=2)  # warm the engine
-        rt.turns.clear()
+        rt.prompts.clear()
         for k in range(1, turns + 1):
             r = rt.generate("support", messages=conversation(k), max_tokens=max_tokens)
             out.append({"turn": k, "ttft_ms": r.stats.ttft_ms, "prompt_tokens": r.stats.prefix_tokens

@@ -1,0 +1,1 @@
+"""Helpers shared by test modules (imported as tests.helpers.*; no fixtures here)."""

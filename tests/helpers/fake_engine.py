@@ -1,0 +1,114 @@
+"""A fake engine for the scheduler's unit tier: the engine protocol (runtime/backend.py) over
+numpy, no model. A sequence's state is the list of token ids at its positions; the logits of a
+forward are a deterministic function of the whole list (a seeded normal draw keyed by a hash of
+it), so, as with a real model, a token depends on everything before it, a restored or copied
+state gives what its prefill gave, and one sequence's answer never depends on another's.
+
+`gate`: when set, every forward first takes one permit from it, so a test can hold the engine
+between steps (and release one step at a time; `held` is set while a forward waits there).
+`log`: each forward's items, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+from prefix_edge.errors import PrefixEdgeError
+from prefix_edge.runtime.backend import OneSequence
+from prefix_edge.runtime.prefix import Prefix
+
+N_VOCAB = 64
+EOS = 0
+
+
+def tokenizer(n_vocab: int = N_VOCAB) -> Tokenizer:
+    """Token i decodes to 'w{i} ' (token 0, the end of sequence, to nothing)."""
+    vocab = {"<eos>": 0, **{f"w{i}": i for i in range(1, n_vocab)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(["<eos>"])
+    return tok
+
+
+class FakeEngine(OneSequence):
+    name = "fake"
+    device = "cpu"
+    threads = 1
+    n_layers, n_kv_heads, head_dim, kv_dtype_name = 1, 1, 1, "int64"
+    single_seq = -1
+
+    def __init__(self, n_vocab: int = N_VOCAB, n_ctx: int = 512, n_batch: int = 256,
+                 keeps_partial: bool = True, eos_bias: float = 0.0):
+        self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
+        self.keeps_partial = keeps_partial
+        self.eos_bias = eos_bias  # added to the end-of-sequence logit (replies end sooner)
+        self.seqs: dict[int, list[int]] = {}
+        self.log: list[list[tuple[int, int, int]]] = []  # (seq, pos, n tokens) per forward
+        self.gate: threading.Semaphore | None = None
+        self.held = threading.Event()  # set while a forward waits at the gate
+        self.fail_next: Exception | None = None  # the next forward raises this (an engine fault)
+        self.closed = False
+
+    # -- the protocol ----------------------------------------------------------------------
+    def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
+        state = [] if prefix is None else list(prefix.kv)
+        if keep is not None:
+            if not self.keeps_partial and keep != len(state):
+                raise PrefixEdgeError("cannot keep part of a state")
+            state = state[:keep]
+        self.seqs[seq] = state
+        return len(state)
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        self.seqs[dst] = list(self.seqs.get(src, []))
+
+    def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        state = list(self.seqs[seq])
+        return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
+                      checked_by=self, pin=False)
+
+    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+        if self.gate is not None:
+            self.held.set()
+            self.gate.acquire()
+            self.held.clear()
+        if self.fail_next is not None:
+            e, self.fail_next = self.fail_next, None
+            raise e
+        if sum(np.size(ids) for _, _, ids in items) > self.n_batch:
+            raise PrefixEdgeError(f"forward exceeds n_batch={self.n_batch}")
+        self.log.append([(seq, pos, int(np.size(ids))) for seq, pos, ids in items])
+        out = []
+        for seq, pos, ids in items:
+            state = self.seqs.setdefault(seq, [])
+            if pos != len(state):
+                raise PrefixEdgeError(f"sequence {seq} is at position {len(state)}, not {pos}")
+            state.extend(int(t) for t in np.asarray(ids).reshape(-1))
+            if len(state) > self.n_ctx:
+                raise PrefixEdgeError("context full")
+            out.append(self.logits(state))
+        return out
+
+    def logits(self, state: list[int]) -> np.ndarray:
+        seed = int.from_bytes(hashlib.blake2b(np.asarray(state, np.int64).tobytes(), digest_size=8).digest(),
+                              "little")
+        x = np.random.default_rng(seed).standard_normal(self.n_vocab).astype(np.float32) * 3
+        x[EOS] += self.eos_bias
+        return x
+
+    def seq_free(self, seq: int) -> None:
+        self.seqs.pop(seq, None)
+
+    def seq_pos(self, seq: int) -> int:
+        return len(self.seqs.get(seq, []))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def state_info(self) -> dict:
+        return {"kind": "fake"}
