@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .. import __version__
-from ..chat_template import template_specials
+from ..chat_template import check_template, template_specials
 from ..bundle import BackendInfo, Manifest, TaskInfo, TokenizerInfo, hash_files, layout, sha256_file
 from ..errors import PrefixEdgeError, disk_full
 from ..tasks import load_tasks, render_task, text_hash
@@ -184,6 +184,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
+    from ..runtime.constraint import check_task_defaults
     from ..runtime.engines import open_backend
     from .bake import bake, prefix_ids
     from .peft import check_adapter, read_adapter
@@ -192,7 +193,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     work = root / "_work"
     work.mkdir()
     with st.stage(f"load {model.name}"), _one_line(f"{model}: cannot load the model or its tokenizer"):
-        hf_dir = prepare_hf_dir(model, work)
+        hf_dir = prepare_hf_dir(model, work, before_model=lambda t, n_ctx: _check_tasks(specs, t, n_ctx))
         tok = AutoTokenizer.from_pretrained(str(hf_dir))
         if not tok.is_fast:
             raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
@@ -202,8 +203,11 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
         (tok.chat_template or {}).get("default")
     special = template_specials(tok)
+    check_template(chat_template, special)  # written into the bundle: refused now if over budget
     rendered = {s.name: render_task(s, chat_template, special) for s in specs}
     rt_tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
+    # a task default that would fail every run (a constraint, a logit_bias id): refused now
+    check_task_defaults(specs, rt_tok, info.vocab_size, info.eos_token_ids)
     adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
     base_names = [model.name, str(model), _config_name(hf_dir)]
     for a in adapters.values():
@@ -313,6 +317,22 @@ def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict
         finally:
             planner.close()
     return plans, inv_freq, rope_on
+
+
+def _check_tasks(specs, tok, n_ctx: int) -> None:
+    """Before a GGUF source's model is de-quantized (a minute on 2 cores), with its tokenizer
+    alone: the chat template renders sample conversations within its budget and every task's
+    prefix fits the model's context (at least its text: a peft task's virtual tokens come with
+    its adapter, checked after)."""
+    template = tok.chat_template if isinstance(tok.chat_template, str) else \
+        (tok.chat_template or {}).get("default")
+    special = template_specials(tok)
+    check_template(template, special)
+    for s in specs:
+        text = render_task(s, template, special).prefix_text
+        n = len(tok.backend_tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+        if n + 1 >= n_ctx:
+            raise PrefixEdgeError(f"task '{s.name}': prefix is {n} tokens, the model's context is {n_ctx}")
 
 
 class _one_line:

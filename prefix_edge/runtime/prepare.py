@@ -20,7 +20,7 @@ from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
-from .text import TextStream, TokenBytes
+from .text import TextStream, TokenBytes, longer_than
 from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
 # use_turn_cache: the prompt cache's earlier name (still accepted)
@@ -66,10 +66,13 @@ class Requests:
     def grammars(self) -> Grammars:
         return Grammars(self.tokenizer, lambda: self.token_bytes, self._n_vocab, sorted(self.eos))
 
-    def _sampler(self, opts: dict, constrain: bool = True) -> Sampler:
+    def _sampler(self, opts: dict, constrain: bool = True, tools=None) -> Sampler:
         sampler = Sampler.from_options(opts)
         if constrain:  # None unless a constraint is asked for (or a task's default)
-            sampler.constraint = self.grammars.constraint(opts)
+            # compiled, checked and its first mask computed here, at the call: a bad one is
+            # refused before anything streams (errors name the field: tools for a guided call)
+            field = "tools" if tools is not None and tools.guided else None
+            sampler.constraint = self.grammars.constraint(opts, field)
         return sampler
 
     @functools.cached_property
@@ -88,6 +91,11 @@ class Requests:
         (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
         once, exactly as export and PEFT tokenize it."""
         info = self.manifest.tasks[task]
+        room = self.n_ctx - info.prefix_tokens  # the most any request gives its input
+        if longer_than(self.tokenizer, text, room):
+            raise ContextLengthExceeded(f"input is more than {room} tokens (counted that far); with task "
+                                        f"'{task}''s prefix of {info.prefix_tokens} tokens that exceeds "
+                                        f"the {self.n_ctx} tokens a request may use")
         head, _, tail = fill_template(info.template, "\x00").partition("\x00")
         before, after = info.input_before + head, tail + info.input_after
         enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
@@ -193,7 +201,7 @@ class Requests:
         if use_prompts and self.prompts.wants(len(full), messages is not None):
             snapshot = self._keeper(root, full, full_cuts,
                                     self.manifest.tasks[task].n_virtual if task is not None else 0)
-        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain),
+        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain, tools),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
@@ -215,7 +223,7 @@ class Requests:
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
         return Request(req.task, None, None, req.ids, req.max_tokens,
-                       self._sampler(opts, req.sampler.constraint is not None),
+                       self._sampler(opts, req.sampler.constraint is not None, req.tools),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
                        logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools)

@@ -80,7 +80,10 @@ class Sampler:
     def _choose(self, logits: np.ndarray) -> int:
         if self.temperature <= 0:
             return int(np.argmax(logits))
-        x = logits.astype(np.float64) / self.temperature
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = logits.astype(np.float64) / self.temperature
+        if not np.isfinite(x.max()):  # a temperature so small the scaled logits overflow: greedy
+            return int(np.argmax(logits))
         if 0 < self.top_k < x.shape[0]:
             idx = np.argpartition(-x, self.top_k - 1)[: self.top_k]
         else:

@@ -378,6 +378,18 @@ class Scheduler:
             self._sample(sib, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
+        """r's next token. What a request brought failing here (its constraint, sampler
+        options, stop strings, logprobs) ends that request alone; the others go on."""
+        try:
+            self._next_token(r, logits)
+        except Exception as e:
+            err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(
+                f"internal error in this request's sampling: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            if r.done:  # it failed inside its own end: its consumer still gets a last event
+                r.emit("error", err)
+            self._finish(r, "error", err)
+
+    def _next_token(self, r: Request, logits: np.ndarray) -> None:
         tok = r.sampler(logits)
         if r.logprobs is not None and tok not in r.eos:
             r.token_logprobs.append(token_logprobs(logits, tok, r.logprobs))

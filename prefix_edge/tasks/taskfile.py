@@ -31,7 +31,8 @@ from typing import Any
 
 from ..chat_template import render_chat
 from ..errors import PrefixEdgeError
-from ..options import FIELDS, OptionError, check as check_options, check_text
+from ..constraint_limits import problem as constraint_problem
+from ..options import CONSTRAINTS, FIELDS, OptionError, check as check_options, check_text
 
 # a task's defaults: the generation options (options.py), with the TOML type each is written as
 GEN_KEYS = {name: {"int": int, "float": float, "stop": list, "bias": dict, "schema": object,
@@ -201,6 +202,10 @@ def _parse_task(path: Path, name: str, t: Any) -> TaskSpec:
         defaults = check_options(defaults)
     except OptionError as e:
         raise _err(path, name, e.field, str(e)) from None
+    for key in CONSTRAINTS:  # what native code would choke on (export compiles the rest)
+        bad = constraint_problem(key, defaults.get(key))
+        if bad is not None:
+            raise _err(path, name, key, f"{key}: {bad}")
     compress = None
     if "compress_prefix" in t:
         try:
