@@ -10,7 +10,13 @@ and string metadata (schema version PREFIX_FORMAT_VERSION):
 
     backend, fingerprint, task, task_digest, prefix_format_version, n_virtual (peft tasks),
     + onnx: kv_store (absent: the graph's dtype), + gguf: state_format, state_version, n_layer,
-    v_trans, kv_type, n_tokens
+    v_trans, kv_type, n_tokens, + payload_crc32 (every file written since 2026-12-03)
+
+`payload_crc32` is a CRC-32 of the whole payload: every tensor's name, dtype, shape and bytes,
+and the rest of the metadata. A file read back from outside a bundle (a saved conversation, the
+prompt cache's files) is read with `verify=True`: a flipped bit anywhere is a one-line refusal,
+never a different answer. A bundle's prefix files are covered by the bundle's own hashes
+(bundle/verify.py) and read without it (a CRC pass would double a restore's time).
 
 The ONNX KV may be stored smaller than the graph computes it (`kv_store`, chosen at export):
 "f16" (half the bytes), or "q8_0": int8 in blocks of 32 along head_dim (a whole row when head_dim
@@ -24,7 +30,9 @@ export's baking calls through the backends' save_prefix.
 
 from __future__ import annotations
 
+import json
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +44,7 @@ IDS = "prefix_ids"
 KV_STORES = ("f32", "f16", "q8_0")
 Q8_BLOCK = 32
 STATE = "state"
+CHECKSUM = "payload_crc32"
 MAX_BYTES = 16 << 30
 
 
@@ -63,8 +72,22 @@ def _header(f, path: Path, size: int) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def checksum(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> str:
+    """The payload's CRC-32: tensors (name, dtype, shape, bytes) in name order, then the
+    metadata but this field, as sorted JSON."""
+    c = 0
+    for name in sorted(tensors):
+        t = np.ascontiguousarray(tensors[name])
+        c = zlib.crc32(f"{name}|{t.dtype.str}|{list(t.shape)}|".encode(), c)
+        c = zlib.crc32(t.reshape(-1).view(np.uint8), c)
+    rest = {k: v for k, v in meta.items() if k != CHECKSUM}
+    return f"{zlib.crc32(json.dumps(rest, sort_keys=True).encode(), c):08x}"
+
+
+def read(path: Path, need: list[str] | None = None,
+         verify: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors.
+    verify: the file must carry its payload checksum, and it must match (all tensors read).
 
     The safetensors layout (what safetensors.numpy.save_file wrote at export), read in ONE
     readinto of the data section (with `need`: of the span those tensors lie in) into a buffer
@@ -105,6 +128,14 @@ def read(path: Path, need: list[str] | None = None) -> tuple[dict[str, np.ndarra
         raw = data[a - lo:b - lo]
         t = raw.view(dtype) if (a - lo) % np.dtype(dtype).itemsize == 0 else raw.copy().view(dtype)
         tensors[name] = t.reshape(shape)
+    if verify:
+        if need:
+            raise PrefixEdgeError("internal error: a checksum covers the whole file")
+        if CHECKSUM not in meta:
+            raise PrefixEdgeError(f"{path}: this file carries no checksum (written before 2026-12-03 "
+                                  "or not by prefix-edge): it cannot be trusted")
+        if checksum(tensors, meta) != meta[CHECKSUM]:
+            raise PrefixEdgeError(f"{path}: the file is damaged (its checksum does not match its contents)")
     fmt = meta.get("prefix_format_version", PREFIX_FORMAT_VERSION)
     if fmt != PREFIX_FORMAT_VERSION:
         raise PrefixEdgeError(f"{path}: prefix file format {fmt!r}, this prefix-edge reads "
@@ -118,7 +149,8 @@ def _entries(header: dict, path: Path, n_data: int) -> dict[str, tuple]:
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        ok = isinstance(e, dict) and e.get("dtype") in _DTYPES and isinstance(e.get("shape"), list) \
+        ok = isinstance(e, dict) and isinstance(e.get("dtype"), str) and e["dtype"] in _DTYPES \
+            and isinstance(e.get("shape"), list) \
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in e["shape"]) \
             and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2 \
             and all(isinstance(x, int) and not isinstance(x, bool) for x in e["data_offsets"])
@@ -191,6 +223,7 @@ def write(path: Path, ids: np.ndarray, tensors: dict[str, np.ndarray], metadata:
     out[IDS] = np.asarray(ids, np.int64).reshape(-1)
     meta = {k: str(v) for k, v in metadata.items()}
     meta.setdefault("prefix_format_version", PREFIX_FORMAT_VERSION)
+    meta[CHECKSUM] = checksum(out, meta)
     save_file(out, str(path), metadata=meta)
 
 
