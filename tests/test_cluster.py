@@ -1,6 +1,7 @@
 """`prefix-edge serve --ray` on a real local Ray cluster (2 replicas of the tiny int4 bundle, one
 task held per replica): the same answers as Runtime.generate, task affinity, LRU reloads,
-streaming, the API key, an unknown task, and a replica killed with SIGKILL."""
+streaming, the API key, an unknown task, stored responses found whichever replica answers, and
+a replica killed with SIGKILL (between requests, and under four streams)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -129,6 +132,49 @@ def test_task_affinity_and_lru_reloads(cluster):
     assert sum(v for k, v in counts.items() if f'task="{a}"' in k) >= 7
 
 
+def _respond(base: str, task: str, text: str, prev: str | None) -> httpx.Response:
+    return httpx.post(base + "/v1/responses", headers=AUTH, timeout=120, json={
+        "model": task, "input": text, "max_output_tokens": 8, "previous_response_id": prev})
+
+
+def test_stored_responses_are_found_on_every_replica(cluster, local):
+    """A chain of 8 responses alternating two tasks (so both replicas answer it), each turn
+    continuing the one before: every turn finds its predecessor, answers as the in-process
+    runtime does with the whole history, and every id is found by GET whichever replica holds it."""
+    tasks = TASKS[:2]
+    for _ in range(20):  # each task settled on its own replica (as in the affinity test)
+        got = {_replica(_ask(cluster, t, INPUTS[0])) for t in tasks}
+        if len(got) == 2:
+            break
+    history, prev, made, replicas = [], None, {}, set()
+    for turn in range(8):
+        task, text = tasks[turn % 2], f"{INPUTS[0]} {turn}"
+        r = _respond(cluster, task, text, prev)
+        assert r.status_code == 200, (turn, r.text)
+        replicas.add(r.headers["x-prefix-edge-replica"])
+        history.append({"role": "user", "content": text})
+        ref = local.generate(task, messages=history, max_tokens=8)
+        body = r.json()
+        answer = "".join(p["text"] for item in body["output"] for p in item.get("content", []))
+        assert answer == ref.text, turn
+        assert body["usage"]["input_tokens"] == ref.stats.prefix_tokens + ref.stats.input_tokens
+        history.append({"role": "assistant", "content": answer})
+        made[body["id"]], prev = body, body["id"]
+    assert len(replicas) == 2, replicas
+    for rid, body in made.items():
+        got = httpx.get(f"{cluster}/v1/responses/{rid}", headers=AUTH, timeout=60)
+        assert got.status_code == 200 and got.json() == body, rid
+    first = next(iter(made))  # deleted for every replica: neither found nor chained from
+    assert httpx.delete(f"{cluster}/v1/responses/{first}", headers=AUTH).json()["deleted"] is True
+    assert httpx.get(f"{cluster}/v1/responses/{first}", headers=AUTH).status_code == 404
+    for task in tasks:
+        assert _respond(cluster, task, "x", first).status_code == 404
+    missing = httpx.get(cluster + "/v1/responses/resp_nope", headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
+    chained = _respond(cluster, "support", "x", "resp_nope")
+    assert chained.status_code == 404 and chained.json()["error"]["param"] == "previous_response_id"
+
+
 def test_a_killed_replica(cluster, local):
     r = _ask(cluster, "support", INPUTS[0])
     pid = json.loads(r.headers["x-prefix-edge-counters"])["pid"]
@@ -140,6 +186,28 @@ def test_a_killed_replica(cluster, local):
         assert got.status_code == 200, got.text
         assert got.json()["choices"][0]["message"]["content"] == ref[task]
         assert json.loads(got.headers["x-prefix-edge-counters"])["pid"] != pid
+
+
+def test_response_store_keeps_its_byte_budget():
+    """The shared store (cluster/store.py) on its own: least recently used dropped beyond the
+    budget, a read counts as a use, an entry larger than the whole budget refused, a delete."""
+    import asyncio
+
+    from prefix_edge.cluster.store import ENTRY, ResponseStore
+
+    async def run():
+        store = ResponseStore.func_or_class(2 * (ENTRY + 40) + 10)  # room for two of 40 bytes
+        for rid in ("a", "b"):
+            assert await store.put(rid, b"r" * 20, b"m" * 20)
+        assert await store.get("a") == (b"r" * 20, b"m" * 20)  # now b is the least recent
+        assert await store.put("c", b"r" * 30, b"m" * 10)
+        assert await store.get("b") is None and await store.get("a") is not None
+        assert not await store.put("huge", b"r" * (2 * ENTRY), b"")
+        assert await store.delete("c") and not await store.delete("c") and await store.get("c") is None
+        return await store.stats()
+
+    assert asyncio.run(run()) == {"count": 1, "bytes": ENTRY + 40, "budget": 2 * (ENTRY + 40) + 10,
+                                  "evictions": 1, "refused": 1}
 
 
 def test_ray_config_is_a_serve_deploy_config(bundle_int4, tmp_path):
@@ -154,3 +222,92 @@ def test_ray_config_is_a_serve_deploy_config(bundle_int4, tmp_path):
     app = cfg.applications[0]
     assert app.import_path == "prefix_edge.cluster.app:build" and app.args["replicas"] == 3
     assert app.args["bundle"] == str(bundle_int4) and "api_key" not in app.args  # no secret in the file
+
+
+LONG = 400  # tokens: the tiny model decodes them for a while, so streams are mid-answer
+
+
+def _events(lines) -> list[tuple[str | None, str]]:
+    """(event, data) of each SSE event in the lines read so far."""
+    out, kind = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            out.append((kind, line[6:]))
+            kind = None
+    return out
+
+
+def test_a_replica_killed_under_streams(cluster, local):
+    """Four streams (chat read raw and through the openai client, a Responses stream) and one
+    plain request on one replica (2 slots: two streams decode, the rest wait), which is killed
+    mid-answer: every stream ends with an OpenAI-shaped error (then `[DONE]`; `response.failed`
+    for the Responses stream), the plain request is a retryable 503 (or answered, where it was
+    not taken there), a response stored there is still found, and the cluster answers."""
+    client = openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    stored = _respond(cluster, "base", INPUTS[0], None)
+    victim = _replica(stored)
+    chat = {"model": "base", "max_tokens": LONG, "messages": [{"role": "user", "content": INPUTS[1]}]}
+    with ExitStack() as stack, httpx.Client(headers=AUTH, timeout=120) as http:
+        def open_raw(path: str, body: dict):
+            for _ in range(10):  # on the victim (the task's replica; the router may stray)
+                r = stack.enter_context(http.stream("POST", cluster + path, json={**body, "stream": True}))
+                assert r.status_code == 200, r.read()
+                lines = r.iter_lines()
+                first = next(lines)
+                if r.headers["x-prefix-edge-replica"] == victim:
+                    return r, [first], lines
+                r.close()
+            raise AssertionError("the streams did not reach the task's replica")
+
+        raws = [open_raw("/v1/chat/completions", chat)[1:] for _ in range(2)]  # decoding
+        plain: dict = {}  # waits for a slot behind them
+        waiter = threading.Thread(target=lambda: plain.update(r=http.post(cluster + "/v1/chat/completions",
+                                                                          json=chat)))
+        waiter.start()
+        for _ in range(10):
+            sdk = client.chat.completions.create(stream=True, **chat)
+            it = iter(sdk)
+            next(it)
+            if sdk.response.headers["x-prefix-edge-replica"] == victim:
+                break
+            sdk.close()
+        assert sdk.response.headers["x-prefix-edge-replica"] == victim
+        last, *resp = open_raw("/v1/responses", {"model": "base", "input": INPUTS[1], "max_output_tokens": LONG})
+        held = json.loads(last.headers["x-prefix-edge-counters"])
+        assert held["active"] + held["waiting"] >= 4 and held["replica"] == victim, held
+        os.kill(held["pid"], signal.SIGKILL)
+        for seen, lines in raws:
+            events = _events(seen + list(lines))
+            assert events[-1] == (None, "[DONE]"), events[-3:]
+            err = json.loads(events[-2][1])["error"]
+            assert err["code"] == "replica_failed" and err["type"] == "server_error" and err["message"]
+            assert all(c["finish_reason"] is None for _, d in events[:-2] for c in json.loads(d)["choices"])
+        with pytest.raises(openai.APIError) as e:
+            for _ in it:
+                pass
+        assert e.value.body["code"] == "replica_failed"
+        events = _events(resp[0] + list(resp[1]))
+        kinds = [k for k, _ in events]
+        assert kinds[0] == "response.created" and kinds[-2:] == ["error", "response.failed"], kinds[-3:]
+        assert "response.completed" not in kinds
+        assert [json.loads(d)["sequence_number"] for _, d in events] == list(range(len(events)))
+        failed = json.loads(events[-1][1])["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "replica_failed"
+        assert failed["id"] == json.loads(events[0][1])["response"]["id"]
+        waiter.join()
+    r, ref = plain["r"], local.generate(None, messages=chat["messages"], max_tokens=LONG)
+    if r.headers["x-prefix-edge-replica"] == victim:  # taken there (usually): a retryable 503
+        assert r.status_code == 503 and r.headers["retry-after"], r.text
+        assert r.json()["error"]["code"] == "replica_failed"
+    else:  # the router sent it to the other replica, or it reached the victim only once dead
+        assert r.json()["choices"][0]["message"]["content"] == ref.text
+    again = httpx.get(f"{cluster}/v1/responses/{stored.json()['id']}", headers=AUTH, timeout=60)
+    assert again.status_code == 200 and again.json() == stored.json()  # the store outlives the replica
+    failures = _metric(cluster, "prefix_edge_cluster_replica_failures_total")
+    assert failures[f'{{replica="{victim}"}}'] == 4 + (r.status_code == 503)
+    ref = local.generate(None, messages=chat["messages"], max_tokens=12)
+    after = _ask(cluster, "base", INPUTS[1])
+    assert after.json()["choices"][0]["message"]["content"] == ref.text
+    assert json.loads(after.headers["x-prefix-edge-counters"])["pid"] != held["pid"]

@@ -11,9 +11,13 @@ that hold it (Ray Serve's model multiplexing, the task as the multiplexed model 
 
 Every response carries `x-prefix-edge-replica` (which replica answered) and the replica's
 counters; the ingress's `/metrics` renders them per replica and per task (requests, resident
-tasks, loads, evictions, queue depth). A replica that dies before sending a byte is retried
-once on another. `build(args)` is the application builder Ray's own `serve run` / `serve
-deploy` call (cli: `prefix-edge serve --ray --ray-config FILE` writes such a config).
+tasks, loads, evictions, queue depth, requests cut by a replica's failure). A request no
+replica took (a dead one was picked) is sent once more, elsewhere; a replica that dies with
+the request taken ends it as relay.py says (a 503, or a stream's error frames), not retried:
+a request that crashes its replica must not crash a second one. Stored responses live in a
+ResponseStore shared by the replicas (store.py). `build(args)` is the application builder
+Ray's own `serve run` / `serve deploy` call (cli: `prefix-edge serve --ray --ray-config FILE`
+writes such a config).
 """
 
 
@@ -23,12 +27,15 @@ import os
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from ray import serve
+
+from .relay import StreamEnd, unavailable, what_failed
+from .store import ResponseStore, SharedResponses
 
 DEFAULTS: dict[str, Any] = {"bundle": None, "replicas": 2, "tasks_per_replica": 8, "backend": "auto",
                             "device": "cpu", "threads": None, "slots": 4, "api_key": None,
-                            "turn_cache": 256}
+                            "turn_cache": 256, "stored_responses_mb": 64}
 BASE = "base"
 HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the HTTP layer
 
@@ -36,12 +43,13 @@ HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the 
 def _replica_deployment(k: int):
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class TaskReplica:
-        def __init__(self, bundle: str, runtime_opts: dict):
+        def __init__(self, bundle: str, runtime_opts: dict, store):
             from ..runtime.runtime import Runtime
             from ..serve.app import create_app
 
             self.rt = Runtime.open(bundle, prefix_cache_size=max(k, 1), **runtime_opts)
-            self.app = create_app(self.rt)
+            self.stored = SharedResponses(store)
+            self.app = create_app(self.rt, stored_responses=self.stored)
             ctx = serve.get_replica_context()
             rid = getattr(ctx, "replica_id", None)
             self.name = getattr(rid, "unique_id", None) or getattr(ctx, "replica_tag", "replica")
@@ -65,10 +73,13 @@ def _replica_deployment(k: int):
         async def handle(self, method: str, path: str, query: bytes, headers: list, body: bytes):
             from .asgi import call
 
+            yield {"accepted": self.name}  # from here a failure is this request's: not retried
             name = serve.get_multiplexed_model_id()
             if name:
                 await self.task(name)
             async for part in call(self.app, method, path, query, headers, body):
+                if self.stored.pending:  # a response just stored: shared before anyone sees it
+                    await self.stored.settle()
                 if isinstance(part, dict):
                     part["headers"] = [h for h in part["headers"] if h[0].lower() not in HOP] + [
                         ("x-prefix-edge-replica", self.name),
@@ -101,6 +112,9 @@ class _Resident:
 def _ingress(names: list[str], api_key: str | None):
     from ..serve.app import _BearerAuth, error
 
+    def _no_stored(response_id: str):
+        return error(404, f"no stored response `{response_id}`", param="response_id", code="not_found")
+
     app = FastAPI(title="prefix-edge cluster", docs_url=None, redoc_url=None, openapi_url=None)
     if api_key:
         app.add_middleware(_BearerAuth, key=api_key)
@@ -108,16 +122,20 @@ def _ingress(names: list[str], api_key: str | None):
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     @serve.ingress(app)
     class Ingress:
-        def __init__(self, replicas):
-            self.replicas = replicas
+        def __init__(self, replicas, store):
+            self.replicas, self.store = replicas, store
             self.requests: dict[tuple[str, str], int] = {}
             self.counters: dict[str, dict] = {}
+            self.failures: dict[str, int] = {}  # requests cut by their replica's failure
 
         @app.get("/metrics")
         async def metrics(self) -> PlainTextResponse:
             lines = ["# TYPE prefix_edge_cluster_requests_total counter"]
             for (task, replica), n in sorted(self.requests.items()):
                 lines.append(f'prefix_edge_cluster_requests_total{{task="{task}",replica="{replica}"}} {n}')
+            lines.append("# TYPE prefix_edge_cluster_replica_failures_total counter")
+            for replica, n in sorted(self.failures.items()):
+                lines.append(f'prefix_edge_cluster_replica_failures_total{{replica="{replica}"}} {n}')
             for kind, key in (("gauge", "resident"), ("counter", "loads"), ("counter", "evictions"),
                               ("gauge", "waiting"), ("gauge", "active")):
                 metric = f"prefix_edge_replica_{key}" + ("_total" if kind == "counter" else "")
@@ -125,7 +143,36 @@ def _ingress(names: list[str], api_key: str | None):
                 for replica, c in sorted(self.counters.items()):
                     v = len(c[key]) if key == "resident" else c[key]
                     lines.append(f'{metric}{{replica="{replica}"}} {v}')
+            try:
+                st = await self.store.stats.remote()
+            except Exception:  # the store is restarting: its lines are left out
+                st = None
+            for kind, key, metric in (("gauge", "count", ""), ("gauge", "bytes", "_bytes"),
+                                      ("gauge", "budget", "_budget_bytes"),
+                                      ("counter", "evictions", "_evictions_total")) if st else ():
+                lines += [f"# TYPE prefix_edge_cluster_stored_responses{metric} {kind}",
+                          f"prefix_edge_cluster_stored_responses{metric} {st[key]}"]
             return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+        @app.get("/v1/responses/{response_id}")
+        async def stored_response(self, response_id: str):
+            try:
+                got = await self.store.get.remote(response_id)
+            except Exception as e:  # Serve restarts it (empty)
+                return unavailable(f"the response store did not answer ({type(e).__name__})")
+            if got is None:
+                return _no_stored(response_id)
+            return Response(got[0], media_type="application/json")
+
+        @app.delete("/v1/responses/{response_id}")
+        async def delete_stored_response(self, response_id: str):
+            try:
+                gone = await self.store.delete.remote(response_id)
+            except Exception as e:
+                return unavailable(f"the response store did not answer ({type(e).__name__})")
+            if not gone:
+                return _no_stored(response_id)
+            return {"id": response_id, "object": "response", "deleted": True}
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "DELETE", "OPTIONS"])
         async def forward(self, path: str, request: Request):
@@ -145,26 +192,43 @@ def _ingress(names: list[str], api_key: str | None):
                                                           if isinstance(model, str) else {}))
                 gen = h.handle.remote(*args)
                 try:
-                    head = await gen.__anext__()
+                    replica = (await gen.__anext__())["accepted"]
                     break
-                except Exception as e:  # the replica died before answering: once more, elsewhere
+                except Exception as e:  # no replica took it (a dead one was picked): once more, elsewhere
                     if attempt:
-                        return JSONResponse({"error": {"message": f"no replica could answer: {type(e).__name__}",
-                                                       "type": "server_error", "param": None,
-                                                       "code": "replica_failed"}}, status_code=503)
-            hdrs = dict(head["headers"])
+                        return unavailable(f"no replica could take this request ({type(e).__name__})")
+            try:
+                head = await gen.__anext__()
+                hdrs = dict(head["headers"])
+                stream = hdrs.get("content-type", "").startswith("text/event-stream")
+                if not stream:  # JSON: whole, so a failure is still a 503
+                    content = b"".join([part async for part in gen])
+            except Exception as e:
+                self._failed(replica)
+                return unavailable(what_failed(e), replica)
             c = json.loads(hdrs.get("x-prefix-edge-counters", "{}"))
             if c:
                 self.counters[c["replica"]] = c
                 if isinstance(model, str):
                     key = (model, c["replica"])
                     self.requests[key] = self.requests.get(key, 0) + 1
+            if not stream:
+                return Response(content, status_code=head["status"], headers=hdrs)
+            return StreamingResponse(self._relay(gen, StreamEnd("/" + path), replica),
+                                     status_code=head["status"], headers=hdrs)
 
-            async def rest():
+        def _failed(self, replica: str) -> None:
+            self.failures[replica] = self.failures.get(replica, 0) + 1
+            self.counters.pop(replica, None)  # its gauges died with it
+
+        async def _relay(self, gen, end: StreamEnd, replica: str):
+            try:
                 async for part in gen:
+                    end.saw(part)
                     yield part
-
-            return StreamingResponse(rest(), status_code=head["status"], headers=hdrs)
+            except Exception as e:  # the replica died mid-stream: end it as the server would
+                self._failed(replica)
+                yield end.frames(what_failed(e))
 
     return Ingress
 
@@ -178,5 +242,6 @@ def build(args: dict) -> Any:
     bundle, names = str(opened.root), sorted(opened.tasks) + [BASE]
     opts = {"backend": a["backend"], "device": a["device"], "threads": a["threads"], "slots": int(a["slots"]),
             "turn_cache_bytes": max(0, int(a["turn_cache"])) << 20}
+    store = ResponseStore.bind(max(1, int(a["stored_responses_mb"])) << 20)
     replica = _replica_deployment(int(a["tasks_per_replica"])).options(num_replicas=int(a["replicas"]))
-    return _ingress(names, a["api_key"]).bind(replica.bind(bundle, opts))
+    return _ingress(names, a["api_key"]).bind(replica.bind(bundle, opts, store), store)
