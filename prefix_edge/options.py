@@ -18,6 +18,9 @@ from .errors import PrefixEdgeError
 
 MAX_LOGIT_BIAS = 300  # entries of a logit_bias, as OpenAI's API allows
 MAX_STOP = 16         # stop strings (OpenAI's API allows 4; more is an extension)
+# UTF-8 bytes of one request's input (its text, or all its messages together), checked before
+# it is tokenized; the server's request-body limit is the same number (serve/limits.py MAX_BODY)
+MAX_INPUT_BYTES = 4 << 20
 
 
 class OptionError(PrefixEdgeError):
@@ -116,13 +119,21 @@ DEFAULTS: dict[str, Any] = {name: f.default for name, f in FIELDS.items()}
 CONSTRAINTS = ("json_schema", "regex", "grammar")
 
 
-def check_text(text: str, what: str) -> None:
-    """Text must be encodable as UTF-8: a lone surrogate (e.g. JSON's "\\ud800") is refused."""
+def check_text(text: str, what: str, limit: int = MAX_INPUT_BYTES) -> int:
+    """Text must be encodable as UTF-8 (a lone surrogate, e.g. JSON's "\\ud800", is refused) and
+    at most `limit` bytes of it, checked before anything else reads it; its UTF-8 bytes."""
+    if len(text) > limit:  # at least a byte per character: refused before it is encoded
+        raise OptionError(what, f"{what} is {len(text)} characters; the input may be at most {limit} "
+                                f"bytes (MAX_INPUT_BYTES)")
     try:
-        text.encode("utf-8")
+        n = len(text.encode("utf-8"))
     except UnicodeEncodeError as e:
         raise OptionError(what, f"{what} is not valid text: a lone surrogate (U+{ord(text[e.start]):04X}) "
                                 f"at character {e.start}") from None
+    if n > limit:
+        raise OptionError(what, f"{what} is {n} bytes of UTF-8; the input may be at most {limit} bytes "
+                                "(MAX_INPUT_BYTES)")
+    return n
 
 
 def check(opts: dict[str, Any]) -> dict[str, Any]:

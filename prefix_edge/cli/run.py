@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..errors import PrefixEdgeError
-from ..options import FIELDS
+from ..options import FIELDS, MAX_INPUT_BYTES
 from .app import app
 
 
@@ -21,15 +21,28 @@ def _help(name: str) -> str:
 
 
 def read_input(text: Optional[str]) -> str:
+    """INPUT, or stdin: at most MAX_INPUT_BYTES of it are read (one byte more is refused)."""
     if text is not None and text != "-":
         return text
     if sys.stdin is None or sys.stdin.isatty():
         raise PrefixEdgeError("no input: pass INPUT or pipe it on stdin")
-    data = sys.stdin.buffer.read()
+    data = _read_capped(sys.stdin.buffer.read, "stdin")
+    return _utf8(data, "stdin")
+
+
+def _read_capped(read, what: str) -> bytes:
+    data = read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise PrefixEdgeError(f"{what} holds more than {MAX_INPUT_BYTES} bytes; an input may be at most "
+                              f"{MAX_INPUT_BYTES >> 20} MiB")
+    return data
+
+
+def _utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PrefixEdgeError(f"stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise PrefixEdgeError(f"{what} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
 @app.command()
@@ -110,10 +123,10 @@ def _chat(rt, task: Optional[str], system: Optional[str], save: Optional[Path], 
         if tty:
             sys.stderr.write("> ")
             sys.stderr.flush()
-        line = sys.stdin.readline()
-        if not line:
+        raw = _read_capped(sys.stdin.buffer.readline, "a line of stdin")
+        if not raw:
             break
-        line = line.rstrip("\n")
+        line = _utf8(raw, "a line of stdin").rstrip("\r\n")
         if line.strip() == "/exit":
             break
         if line.strip() == "/new":
@@ -141,8 +154,11 @@ def _schema(path: Optional[Path]):
     if path is None:
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            return json.loads(_read_capped(f.read, str(path)).decode("utf-8"))
     except FileNotFoundError:
         raise PrefixEdgeError(f"{path}: JSON schema file not found") from None
-    except (ValueError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise PrefixEdgeError(f"{path}: cannot read the JSON schema file: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise PrefixEdgeError(f"{path}: not a JSON file: {str(e).splitlines()[0]}") from None

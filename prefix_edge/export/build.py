@@ -402,6 +402,7 @@ def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages,
 def _gguf_model(model: Path, hf_dir: Path, dst: Path, quant: str | None, work: Path,
                 st: Stages) -> BackendInfo:
     from ..quantize.gguf import quantize_gguf
+    from ..runtime.llama_child import check_loads
     from .gguf import convert_hf_to_gguf, file_type_name
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -409,6 +410,7 @@ def _gguf_model(model: Path, hf_dir: Path, dst: Path, quant: str | None, work: P
         if quant in (None, KEEP):
             with st.stage(f"copy GGUF ({file_type_name(model)})"):
                 shutil.copyfile(model, dst)
+                check_loads(dst, model.name)  # in a child: a model llama.cpp asserts on is an error
         else:
             with st.stage(f"re-quantize GGUF ({quant})"):
                 quantize_gguf(model, dst, quant, allow_requantize=True)

@@ -28,8 +28,10 @@ def default_model_path() -> Path:
     return path
 
 
-def prepare_hf_dir(model: Path, workdir: Path) -> Path:
-    """Return an HF model dir (config.json + weights + tokenizer) for `model`."""
+def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
+    """Return an HF model dir (config.json + weights + tokenizer) for `model`. A GGUF source is
+    de-quantized through transformers (the slow part): `before_model(tokenizer, n_ctx)` is called
+    first, with its tokenizer and context length (export checks its tasks' prefixes there)."""
     model = Path(model)
     if model.is_file() and model.suffix == ".gguf":
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -41,11 +43,15 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
         try:  # transformers' GGUF de-quantizer draws its own tqdm bar on stderr: keep it quiet
             with contextlib.redirect_stderr(io.StringIO()):
                 tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+                n_ctx = _match_gguf_bos(tok, model)
+                if before_model is not None:
+                    before_model(tok, n_ctx)
                 m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
                                                          dtype="float32")
+        except PrefixEdgeError:
+            raise
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
-        _match_gguf_bos(tok, model)
         m.save_pretrained(str(out))
         tok.save_pretrained(str(out), legacy_format=False)  # not a copy of the GGUF as tokenizer.model
         return out
@@ -58,14 +64,19 @@ def prepare_hf_dir(model: Path, workdir: Path) -> Path:
     raise PrefixEdgeError(f"{model}: expected an HF model dir or a .gguf file")
 
 
-def _match_gguf_bos(tok, gguf_path: Path) -> None:
+def _match_gguf_bos(tok, gguf_path: Path) -> int:
     """transformers' GGUF tokenizer conversion adds a BOS to every text even when the GGUF says
-    `tokenizer.ggml.add_bos_token = false` (SmolLM2 does); follow the GGUF, as llama.cpp does."""
+    `tokenizer.ggml.add_bos_token = false` (SmolLM2 does); follow the GGUF, as llama.cpp does.
+    The GGUF's context length (2048 if it has none: model_info's default)."""
     import gguf
 
-    field = gguf.GGUFReader(str(gguf_path)).get_field("tokenizer.ggml.add_bos_token")
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.get_field("tokenizer.ggml.add_bos_token")
     if field is not None and not bool(field.parts[field.data[0]][0]) and hasattr(tok, "add_bos_token"):
         tok.add_bos_token = False
+    arch = reader.get_field("general.architecture")
+    ctx = reader.get_field(f"{bytes(arch.parts[arch.data[0]]).decode()}.context_length") if arch else None
+    return int(ctx.parts[ctx.data[0]][0]) if ctx is not None else 2048
 
 
 def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo:

@@ -18,7 +18,9 @@ Besides the ids, a prompt has *cuts*: where each earlier turn's prompt ended (ju
 generation prompt) and where each message ends. Prefill chunks never cross one and the prompt
 cache (prompt_cache.py) keys by those chunks, so a prompt resumed from the cache computes what
 a run without it computes.
-Message text that spells a special token (`<|im_end|>`...) is encoded as plain text.
+Control tokens come only from the template's own markup: message text, tool results, tool-call
+arguments, names and tool definitions that spell a special token (`<|im_end|>`...) are marked
+before rendering and tokenized as plain text, special tokens split (user_text.py).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from ..options import check_text
+from ..options import MAX_INPUT_BYTES, OptionError, check_text
 from ..tasks import fill_template
+from .text import longer_than
 from .tools import for_template, native
+from .user_text import Marks, parsed_args, strings
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PARTS = ("text", "input_text", "output_text")  # chat completions' and responses' text parts
@@ -58,7 +62,7 @@ def check_messages(messages) -> list[dict[str, str]]:
     messages[i]."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PrefixEdgeError("messages must be a non-empty list of {role, content}")
-    out = []
+    out, size = [], 0
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -72,10 +76,15 @@ def check_messages(messages) -> list[dict[str, str]]:
         calls = m.get("tool_calls") if role == "assistant" else None
         content = m.get("content")
         text = "" if content is None and calls else content_text(content, where)
-        check_text(text, f"{where}.content")
+        size += check_text(text, f"{where}.content")
         msg = {"role": "system" if role == "developer" else role, "content": text}
         if calls:
             msg["tool_calls"] = _check_calls(calls, where)
+            size += sum(check_text(c["function"]["arguments"], f"{where}.tool_calls[{j}].function.arguments")
+                        for j, c in enumerate(msg["tool_calls"]) if isinstance(c["function"]["arguments"], str))
+        if size > MAX_INPUT_BYTES:  # before anything renders or tokenizes them
+            raise OptionError("messages", f"the messages are more than {MAX_INPUT_BYTES} bytes of UTF-8 "
+                                          "together (MAX_INPUT_BYTES)")
         if role == "tool":
             for k in ("tool_call_id", "name"):
                 if isinstance(m.get(k), str):
@@ -121,6 +130,8 @@ class ChatRenderer:
         self.template, self.special = template, special
         self.tok, self._text_tok = tokenizer, text_tokenizer  # text_tokenizer(): built on first need
         self.special_texts = special_texts
+        self.marks = Marks(special_texts)
+        self.special_ids = {i for i in map(tokenizer.token_to_id, special_texts) if i is not None}
 
     def render(self, messages: list[dict], gen: bool, tools: list | None = None) -> str:
         from ..chat_template import render_chat
@@ -144,22 +155,33 @@ class ChatRenderer:
                                   "and system messages")
         own = [dict(m) for m in info.chat_messages] if info is not None else []
         template = info.template if info is not None else "{input}"
+        is_native = native(self.template)
+        user = messages if is_native else [parsed_args(m) for m in messages]
+        marks = None
+        if self.marks.needed(user, tools):  # user text that spells a special token: marked
+            marks = self.marks.choose(strings([user, tools.tools if tools else None, own, template,
+                                               self.template, self.special]))
+            user, tools = [marks.mark_message(m) for m in user], marks.mark_tools(tools)
         msgs = [{**m, "content": fill_template(template, m["content"])} if m["role"] == "user" else m
-                for m in messages]
-        msgs, offered = for_template(msgs, tools, native(self.template))
+                for m in user]
+        msgs, offered = for_template(msgs, tools, is_native)
         head = self.render(own, False) if own else ""
         full = self.render(own + msgs, True, offered)
         if not full.startswith(head):
             raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
                                   "conversation after the task's own messages")
-        text = full[len(head):]
-        if room is not None and len(self.tok.encode(text, add_special_tokens=False).ids) > room + 8:
+        text = rendered = full[len(head):]
+        protected: list[tuple[int, int]] = []
+        moved = None
+        if marks is not None:  # the user's text back, and where it was marked
+            text, protected, moved = marks.unmark(rendered)
+        if room is not None and (longer_than(self.tok, text, room + 8) or
+                                 len(self.tok.encode(text, add_special_tokens=False).ids) > room + 8):
             from ..errors import ContextLengthExceeded
 
             raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request may "
                                         "use after the task's prefix (n_ctx)")
-        char_cuts = self._cuts(own, msgs, offered, head, text)
-        protected = self._protected(text, msgs)
+        char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved)
         ids, cuts, at = [], [], 0
         for c in char_cuts + [len(text)]:
             ids += self._encode(text, at, c, protected)
@@ -167,11 +189,13 @@ class ChatRenderer:
             at = c
         return ChatPrompt(np.array(ids, np.int64), tuple(cuts[:-1]), messages)
 
-    def _cuts(self, own: list, msgs: list, offered, head: str, text: str) -> list[int]:
+    def _cuts(self, own: list, msgs: list, offered, head: str, rendered: str, text: str,
+              moved=None) -> list[int]:
         """Where chunks break in `text`: each earlier turn's prompt end (after its generation
         prompt: where the next turn resumes) and the end of each other message followed by one
         that is not a reply, where a token starts there (a system message of documents, resent
-        with a new question, is reused up to its end)."""
+        with a new question, is reused up to its end). Found in the `rendered` text (the marked
+        one), `moved` to the text."""
         found = set()
         for i in range(1, len(msgs)):
             # before a reply only the turn's prompt end: a first turn's prompt has no cut
@@ -179,38 +203,34 @@ class ChatRenderer:
             for gen in (True,) if turn else (False,):
                 s = self.render(own + msgs[:i], gen, offered)
                 n = len(s) - len(head)
-                if s.startswith(head) and text.startswith(s[len(head):]) and 0 < n < len(text):
-                    found.add((n, gen))
+                if s.startswith(head) and rendered.startswith(s[len(head):]) and 0 < n < len(rendered):
+                    found.add((moved(n) if moved else n, gen))
         if not found:
             return []
         starts = {a for a, _ in self.tok.encode(text, add_special_tokens=False).offsets}
         return sorted({n for n, gen in found if gen or n in starts})
 
-    def _protected(self, text: str, msgs: list[dict]) -> list[tuple[int, int]]:
-        """Spans of `text` that are message content spelling a special token: plain text."""
-        spans, at = [], 0
-        for i, m in enumerate(msgs):
-            c = m["content"]
-            if not any(s in c for s in self.special_texts):
-                continue
-            j = text.find(c, at)
-            if j < 0:
-                raise PrefixEdgeError(f"messages[{i}].content spells a special token, and the chat "
-                                      "template does not keep that message verbatim")
-            spans.append((j, j + len(c)))
-            at = j + len(c)
-        return spans
-
     def _encode(self, text: str, lo: int, hi: int, protected: list[tuple[int, int]]) -> list[int]:
+        """text[lo:hi] as ids: the marked spans as plain text (special tokens split), the rest
+        as the template wrote it, where every special token must be the template's own."""
         out, at = [], lo
         for a, b in protected:
             a, b = max(a, lo), min(b, hi)
             if a >= b:
                 continue
             if a > at:
-                out += self.tok.encode(text[at:a], add_special_tokens=False).ids
+                out += self._live(text[at:a])
             out += self._text_tok().encode(text[a:b], add_special_tokens=False).ids
             at = b
         if hi > at:
-            out += self.tok.encode(text[at:hi], add_special_tokens=False).ids
+            out += self._live(text[at:hi])
         return out
+
+    def _live(self, piece: str) -> list[int]:
+        ids = self.tok.encode(piece, add_special_tokens=False).ids
+        pattern = self.marks.pattern
+        want = len(pattern.findall(piece)) if pattern is not None else 0
+        if sum(i in self.special_ids for i in ids) != want:
+            raise PrefixEdgeError("the chat template joins message text into a special token: "
+                                  "this conversation cannot be tokenized safely")
+        return ids

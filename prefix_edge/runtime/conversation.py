@@ -20,12 +20,13 @@ bundle or model keeps its messages and re-reads them on the next turn.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, disk_full
 from .chat import check_messages
 
 if TYPE_CHECKING:
@@ -113,7 +114,11 @@ class Conversation:
         """Write the conversation; True if its KV went with it (it is in the prompt cache)."""
         if self._busy:
             raise PrefixEdgeError("a reply is still streaming: save after it ends")
-        path = Path(path)
+        path = _path(path)
+        if path.is_dir() or not path.name:
+            raise PrefixEdgeError(f"{path}: a directory; save a conversation to a file")
+        if not path.parent.is_dir():
+            raise PrefixEdgeError(f"{path}: its directory {path.parent} does not exist")
         meta = self._meta()
         entry = None
         if self._last is not None:
@@ -130,40 +135,50 @@ class Conversation:
 
                 prefixfile.write(tmp, np.zeros(0, np.int64), {}, meta)
             tmp.replace(path)  # never a half-written conversation under its name
+        except PrefixEdgeError:
+            raise
+        except Exception as e:  # OSError, safetensors' own error: one line
+            if disk_full(e):
+                raise PrefixEdgeError(f"{path}: No space left on device") from None
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PrefixEdgeError(f"{path}: cannot write the conversation: {why}") from None
         finally:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
         return entry is not None
 
     @classmethod
     def load(cls, rt: "Runtime", path: str | Path) -> "Conversation":
         from ..bundle import prefixfile
 
-        path = Path(path)
+        path = _path(path)
         where = str(path)
         if not path.is_file():
             raise PrefixEdgeError(f"{where}: no saved conversation there")
-        tensors, meta = prefixfile.read(path)
+        tensors, meta = prefixfile.read(path, verify=True)  # a flipped bit: refused
         if meta.get("format") != FORMAT:
             raise PrefixEdgeError(f"{where}: not a saved prefix-edge conversation")
         task = meta.get("task") or None
-        try:
-            messages = json.loads(meta.get("messages", ""))
-        except ValueError:
-            raise PrefixEdgeError(f"{where}: its messages are not valid JSON") from None
+        messages = _json(meta.get("messages", ""), where, "messages")
+        if not isinstance(messages, list):
+            raise PrefixEdgeError(f"{where}: its messages are not a list")
         if task is not None and task not in rt.manifest.tasks:
             raise PrefixEdgeError(f"{where}: saved with task {task!r}, which this bundle does not have")
         conv = cls(rt, task)
         if messages:
-            conv.messages = check_messages(list(messages) + [{"role": "user", "content": "x"}])[:-1]
+            try:
+                conv.messages = check_messages(messages + [{"role": "user", "content": "x"}])[:-1]
+            except PrefixEdgeError as e:
+                raise PrefixEdgeError(f"{where}: {e}") from None
         conv.kv_restored = False
         same = (meta.get("fingerprint") == rt.fingerprint and meta.get("prefill_chunk") == str(rt.prefill_chunk)
                 and (task is None or meta.get("task_digest") == rt.manifest.task_digest(task)))
         if same and prefixfile.IDS in tensors and len(tensors) > 1 and "turn_ids" in meta:
-            try:
-                ids = np.array(json.loads(meta["turn_ids"]), np.int64)
-                cuts = tuple(int(c) for c in json.loads(meta["turn_cuts"]))
-            except (ValueError, TypeError):
-                raise PrefixEdgeError(f"{where}: its turn ids are not valid") from None
+            ids = _ints(_json(meta["turn_ids"], where, "turn ids"), where, "turn ids")
+            cuts = tuple(_ints(_json(meta.get("turn_cuts", ""), where, "turn cuts"), where, "turn cuts"))
+            ids = np.array(ids, np.int64)
             last_user = max((i for i, m in enumerate(conv.messages) if m["role"] == "user"), default=-1)
             root, want, want_cuts = conv._prompt_key(conv.messages[:last_user + 1]) if last_user >= 0 \
                 else (None, None, None)
@@ -177,3 +192,22 @@ class Conversation:
                 conv.kv_restored = rt.prompts.put(root, ids, cuts, prefix)
                 conv._last = (root, ids, cuts)
         return conv
+
+
+def _path(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise PrefixEdgeError(f"a conversation's file must be a path, got {type(path).__name__}")
+    return Path(path)
+
+
+def _json(text: str, where: str, what: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise PrefixEdgeError(f"{where}: its {what} are not valid JSON") from None
+
+
+def _ints(value, where: str, what: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(x) is int and 0 <= x < 1 << 62 for x in value):
+        raise PrefixEdgeError(f"{where}: its {what} are not a list of token positions")
+    return value

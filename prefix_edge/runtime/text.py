@@ -107,3 +107,22 @@ class TokenBytes:
 
     def table(self, n_vocab: int) -> list[bytes]:
         return [self(i) for i in range(n_vocab)]
+
+
+COUNT_CHUNK = 1 << 16  # characters of a long input tokenized at a time while counting
+
+
+def longer_than(tokenizer: Tokenizer, text: str, limit: int) -> bool:
+    """Whether a long `text` is surely more than `limit` tokens, counted a chunk at a time and
+    no further than the limit: an input far beyond the context is refused without tokenizing all
+    of it at once (a tokenizer keeps ~100 bytes per token). A chunk's edge can split a token or
+    a special token's text, so each chunk counts 16 tokens fewer. A text of at most one chunk
+    is not counted here (False): it is tokenized anyway, and then counted exactly."""
+    if len(text) <= COUNT_CHUNK:
+        return False
+    n = 0
+    for i in range(0, len(text), COUNT_CHUNK):
+        n += max(len(tokenizer.encode(text[i:i + COUNT_CHUNK], add_special_tokens=False).ids) - 16, 0)
+        if n > limit:
+            return True
+    return False

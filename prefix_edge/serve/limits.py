@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-MAX_BODY = 4 << 20          # bytes of one request body (--max-body)
+from ..options import MAX_INPUT_BYTES
+
+MAX_BODY = MAX_INPUT_BYTES   # bytes of one request body (--max-body): the runtime's input cap
 BODY_TIMEOUT = 30.0         # seconds to receive a whole body once its headers are in
 HEADER_TIMEOUT = 10.0       # seconds from a connection's first byte (or its idle start) to a full request head
 MAX_CONNECTIONS = 512       # open connections; beyond, a new one is closed at once
