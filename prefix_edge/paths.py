@@ -28,6 +28,12 @@ def default_bundle() -> Path:
     return home() / "bundles" / DEFAULT_MODEL_NAME
 
 
+def prompt_cache_dir(fingerprint: str, backend: str) -> Path:
+    """The prompt cache's files for one model and engine (runtime/prompt_files.py)."""
+    safe = "".join(c for c in fingerprint if c.isalnum())[:32] or "unknown"
+    return home() / "prompt-cache" / safe / backend
+
+
 def default_tasks_file() -> Path:
     """The demo tasks for the embedded default model (package data: `prefix_edge/models/`)."""
     return Path(__file__).resolve().parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"

@@ -12,6 +12,13 @@
 #   bash scripts/llama-wheel.sh            # build if needed, then install into the active env
 #   bash scripts/llama-wheel.sh --build    # build only; prints the wheel's path
 #   PREFIX_EDGE_LLAMA_NATIVE=1 bash scripts/llama-wheel.sh   # opt in to a -march=native build
+#   PREFIX_EDGE_LLAMA_TARGET=aarch64 bash scripts/llama-wheel.sh --build   # cross-build the arm64 wheel
+#
+# The cross build (an x86-64 Linux host, a linux_aarch64 wheel) uses Debian's gcc-aarch64-linux-gnu /
+# g++-aarch64-linux-gnu (installed with apt-get when run as root and missing), a CMake toolchain file
+# and the same portable flags and key as a native arm64 build, so both land in the same wheelhouse.
+# The libraries carry an $ORIGIN RUNPATH (they find each other in llama_cpp/lib/); at run time they
+# need libgomp1 and libstdc++6, which every Debian/Ubuntu arm64 system has or gets with apt.
 #
 # The wheel is built from llama-cpp-python's source distribution, which carries llama.cpp's own
 # HF -> GGUF converter of the same llama.cpp version (vendor/llama.cpp/convert_hf_to_gguf.py,
@@ -22,8 +29,26 @@ set -euo pipefail
 VERSION="${PREFIX_EDGE_LLAMA_VERSION:-0.3.36}"
 ARCH="$(uname -m)"
 PY="${PYTHON:-python}"
+CROSS=""  # the target's arch when cross-building, else empty
+case "${PREFIX_EDGE_LLAMA_TARGET:-}" in
+    ""|"$ARCH") ;;
+    aarch64|arm64)
+        if [[ "$ARCH" == "aarch64" ]]; then :
+        elif [[ "$(uname -s)" == "Linux" && "$ARCH" == "x86_64" ]]; then CROSS="aarch64"; ARCH="aarch64"
+        else echo "llama-wheel: PREFIX_EDGE_LLAMA_TARGET=aarch64 cross-builds on an x86_64 Linux host only (this host: $(uname -s) $ARCH)" >&2; exit 2
+        fi ;;
+    *) echo "llama-wheel: PREFIX_EDGE_LLAMA_TARGET must be aarch64 (or this host's $ARCH), not '${PREFIX_EDGE_LLAMA_TARGET}'" >&2; exit 2 ;;
+esac
+if [[ -n "$CROSS" && "${1:-}" != "--build" ]]; then
+    echo "llama-wheel: a cross-built $CROSS wheel cannot be installed into this $(uname -m) env; add --build" >&2
+    exit 2
+fi
 CMAKE_FLAGS="-DLLAVA_BUILD=OFF"
 if [[ "${PREFIX_EDGE_LLAMA_NATIVE:-0}" == "1" ]]; then
+    if [[ -n "$CROSS" ]]; then
+        echo "llama-wheel: PREFIX_EDGE_LLAMA_NATIVE=1 cannot be cross-built; build natively on the target" >&2
+        exit 2
+    fi
     FLAVOUR="native"
     CMAKE_FLAGS="$CMAKE_FLAGS -DGGML_NATIVE=ON"
 else
@@ -34,6 +59,9 @@ else
             CMAKE_FLAGS="$CMAKE_FLAGS -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
             CMAKE_FLAGS="$CMAKE_FLAGS -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
             ;;
+        aarch64)  # Linux arm64 (macOS says arm64 and keeps its defaults): plain ARMv8-A, NEON, no dotprod/SVE
+            CMAKE_FLAGS="$CMAKE_FLAGS -DGGML_CPU_ARM_ARCH=armv8-a"
+            ;;
     esac
 fi
 CMAKE_FLAGS="$CMAKE_FLAGS ${PREFIX_EDGE_LLAMA_CMAKE_ARGS:-}"
@@ -42,6 +70,46 @@ ROOT="${PREFIX_EDGE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/prefix-edge/whee
 HOUSE="$ROOT/llama-cpp-python-$VERSION-$ARCH-$FLAVOUR-$KEY"
 
 wheel_path() { ls "$HOUSE"/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -n1; }
+
+cross_setup() {  # $1: a directory; the aarch64 compilers (apt when root) and a toolchain file in $1
+    if ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1; then
+        if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+            echo "llama-wheel: installing gcc-aarch64-linux-gnu g++-aarch64-linux-gnu with apt-get" >&2
+            { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+                  gcc-aarch64-linux-gnu g++-aarch64-linux-gnu >/dev/null 2>&1 \
+              || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+                  --no-install-recommends gcc-aarch64-linux-gnu g++-aarch64-linux-gnu >/dev/null 2>&1; }; } \
+            || { echo "llama-wheel: apt-get could not install gcc-aarch64-linux-gnu g++-aarch64-linux-gnu" >&2; exit 1; }
+        else
+            echo "llama-wheel: the cross build needs aarch64-linux-gnu-gcc/g++ (Debian: apt-get install gcc-aarch64-linux-gnu g++-aarch64-linux-gnu)" >&2
+            exit 1
+        fi
+    fi
+    cat > "$1/aarch64-linux-gnu.cmake" <<'CMAKE'
+set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR aarch64)
+set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
+set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
+set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu)
+set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
+CMAKE
+}
+
+check_cross_wheel() {  # $1: the wheel; every shared library in it must be an AArch64 ELF
+    "$PY" - "$1" <<'PYCHECK'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    libs = [n for n in z.namelist() if ".so" in n.rsplit("/", 1)[-1]]
+    bad = [n for n in libs if int.from_bytes(z.read(n)[18:20], "little") != 183]  # e_machine, EM_AARCH64
+if not libs or bad:
+    sys.exit(f"llama-wheel: not an aarch64 build: {bad or 'no libraries in the wheel'}")
+if not sys.argv[1].endswith("-linux_aarch64.whl"):  # scikit-build-core tags from _PYTHON_HOST_PLATFORM
+    sys.exit(f"llama-wheel: the cross-built wheel is not tagged linux_aarch64: {sys.argv[1]}")
+PYCHECK
+}
 
 fetch_sdist() {  # $1: a directory; prints the sdist's path
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$1" >&2
@@ -65,8 +133,17 @@ if [[ -z "$(wheel_path)" ]]; then
     TMP="$(mktemp -d "$ROOT/.build-XXXXXX")"
     trap 'rm -rf "$TMP"' EXIT
     SDIST="$(fetch_sdist "$TMP/sdist")"
-    CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
-        "$PY" -m pip wheel --quiet --no-cache-dir --no-deps "$SDIST" -w "$TMP"
+    if [[ -n "$CROSS" ]]; then  # the toolchain file is not part of the key: same flags, same wheel as native
+        cross_setup "$TMP"
+        CMAKE_ARGS="$CMAKE_FLAGS -DCMAKE_TOOLCHAIN_FILE=$TMP/aarch64-linux-gnu.cmake" _PYTHON_HOST_PLATFORM="linux-aarch64" \
+            CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
+            "$PY" -m pip wheel --quiet --no-cache-dir --no-deps "$SDIST" -w "$TMP"
+        check_cross_wheel "$TMP"/llama_cpp_python-"$VERSION"-*.whl
+        rm -f "$TMP/aarch64-linux-gnu.cmake"
+    else
+        CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || echo 2)" \
+            "$PY" -m pip wheel --quiet --no-cache-dir --no-deps "$SDIST" -w "$TMP"
+    fi
     printf '%s\n' "$CMAKE_FLAGS" > "$TMP/CMAKE_ARGS"
     keep_converter "$SDIST" "$TMP"
     rm -rf "$TMP/sdist"

@@ -104,7 +104,7 @@ INTEGRATION_MODULES = {"test_architectures", "test_gguf_convert", "test_parity",
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.get_closest_marker("e2e"):
+        if item.get_closest_marker("e2e") or item.get_closest_marker("arm64"):  # tiers of their own
             continue
         if item.module.__name__.endswith("test_install"):
             item.add_marker(pytest.mark.install)

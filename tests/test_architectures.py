@@ -14,9 +14,9 @@ import pytest
 
 from prefix_edge import Runtime
 
-from .test_gguf_convert import _build
-from .test_parity import baked_and_prefilled
-from .test_peft import make_adapter
+from .helpers.archs import build_arch
+from .helpers.parity import baked_and_prefilled
+from .helpers.adapters import make_adapter
 
 ARCHS = ["llama3.2", "qwen3", "phi3", "smollm3", "granite", "gemma3"]
 INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
@@ -49,7 +49,7 @@ def arch(request, tmp_path_factory):
     from prefix_edge.export.build import export_bundle
 
     root = tmp_path_factory.mktemp("arch")
-    built = _build(request.param, root / "model", convert=False)
+    built = build_arch(request.param, root / "model", convert=False)
     make_adapter(built.hf_dir, "prefix", root / "adapter", seed=7)
     (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
     manifest = export_bundle(built.hf_dir, root / "tasks.toml", root / "bundle", quantize="none",

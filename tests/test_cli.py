@@ -9,17 +9,7 @@ import sys
 import pytest
 
 from .conftest import INPUTS, cli, run_json
-
-
-def assert_one_line_error(p, *words):
-    err = p.stderr.decode()
-    assert p.returncode != 0
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    # progress bars may precede it (export); the error itself is exactly one line, the last
-    assert [ln for ln in lines if ln.startswith("error: ")] == lines[-1:], err
-    for w in words:
-        assert w in err, err
+from .helpers.errors import assert_one_line_error
 
 
 def test_json_schema(bundle_fp32):

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from .conftest import INPUTS
-from .test_serve import KEY, _free_port, local  # noqa: F401  (the in-process reference)
+from .helpers.serve import free_port
+from .helpers.served import KEY, local  # noqa: F401  (the in-process reference)
 
 pytest.importorskip("ray", reason="the [ray] extra (ray[serve]) is not installed")
 openai = pytest.importorskip("openai")
@@ -29,7 +30,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def cluster(bundle_int4, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("ray") / "serve.log"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "wb") as out:

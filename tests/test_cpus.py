@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from prefix_edge.runtime.cpus import budget
+from prefix_edge.runtime.cpus import budget, cpu_features, read_cpu_features
 
 from .conftest import INPUTS
 
@@ -52,6 +52,34 @@ def test_cgroup_v1_quota_and_unknown_topology(tmp_path):
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm asimddp
+CPU implementer\t: 0x41
+"""
+
+
+def test_arm64_features_come_from_the_features_line(tmp_path):
+    (tmp_path / "cpuinfo").write_text(ARM_CPUINFO)
+    (tmp_path / "cpu").mkdir()
+    rep = read_cpu_features(tmp_path / "cpuinfo", tmp_path / "cpu", machine="aarch64")
+    assert (rep.source, rep.unread) == (str(tmp_path / "cpuinfo"), ())
+    assert cpu_features(rep) == ["asimd", "asimddp"]
+    # an x86 `flags` line (qemu-user shows the host's /proc/cpuinfo) is not this arm64 CPU's
+    (tmp_path / "x86").write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma\n")
+    rep = read_cpu_features(tmp_path / "x86", tmp_path / "cpu", machine="aarch64")
+    assert "no `Features` line" in rep.unread[0] and not {"avx2", "fma"} & rep.flags, rep
+
+
+def test_what_could_not_be_read_is_named(tmp_path):
+    """No /proc, no /sys (a chroot): both named; x86 has no other source, so no features."""
+    rep = read_cpu_features(tmp_path / "proc" / "cpuinfo", tmp_path / "sys" / "cpu", machine="x86_64")
+    assert rep.flags == frozenset() and rep.source == ""
+    assert [u.split(":")[0] for u in rep.unread] == [str(tmp_path / "proc" / "cpuinfo"),
+                                                     str(tmp_path / "sys" / "cpu")], rep.unread
+    assert "is /proc mounted?" in rep.unread[0] and "is /sys mounted?" in rep.unread[1]
 
 
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])

@@ -20,9 +20,9 @@ import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
 
-from .test_gguf_convert import _build
-from .test_parity import baked_and_prefilled
-from .test_peft import make_adapter
+from .helpers.archs import build_arch
+from .helpers.parity import baked_and_prefilled
+from .helpers.adapters import make_adapter
 
 WINDOW = 8  # ARCHS["gemma3"]'s sliding_window
 ATOL = 1e-4
@@ -60,7 +60,7 @@ def gemma(tmp_path_factory):
     from prefix_edge.export.build import export_bundle
 
     root = tmp_path_factory.mktemp("gemma3")
-    built = _build("gemma3", root / "model", convert=False)
+    built = build_arch("gemma3", root / "model", convert=False)
     assert built.model.config.sliding_window == WINDOW
     assert built.model.config.layer_types.count("full_attention") == 1
     make_adapter(built.hf_dir, "prompt", root / "prompt", seed=3)

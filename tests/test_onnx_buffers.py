@@ -38,7 +38,7 @@ def _reference(bundle, task, ids) -> list[int]:
 
 def test_home_buffers_reuse_without_changing_answers(bundle_int4):
     be = _open(bundle_int4)
-    assert be.shared
+    assert be.fused
     prefixes = {t: be.load_prefix(_prefix_file(bundle_int4, t)) for t in ("support", "sentiment")}
     ref = {(t, i): _reference(bundle_int4, t, ids) for t in prefixes for i, ids in enumerate(INPUTS)}
     order = [("support", 0), ("support", 1), ("sentiment", 0), ("support", 0), ("sentiment", 1),

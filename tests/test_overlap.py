@@ -4,38 +4,46 @@ while the load runs on another; errors of either surface as they would without t
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from prefix_edge.runtime.overlap import beside, native_load
 
 pytestmark = pytest.mark.unit
+WAIT = 60  # seconds a barrier waits for the other side: a hang guard, far beyond any machine's load
 
 
 def test_work_runs_once_on_the_opening_thread_while_the_load_runs():
+    """Overlap is shown by order, not by time: the load and the work each wait, inside their
+    call, until the other has started (a barrier), and record when they start and end. Run one
+    after the other, they could not both pass the barrier (it breaks after WAIT seconds)."""
     me = threading.get_ident()
-    seen = {}
+    seen, events = {}, []
+    both_inside = threading.Barrier(2, timeout=WAIT)
 
     def load():
         seen["load"] = threading.get_ident()
-        time.sleep(0.2)  # releases the GIL, as a native load does
+        events.append("load starts")
+        both_inside.wait()  # returns only while the work runs too
+        events.append("load ends")
         return "model"
 
     def work():
         seen["work"] = threading.get_ident()
         seen["calls"] = seen.get("calls", 0) + 1
-        time.sleep(0.2)
+        events.append("work starts")
+        both_inside.wait()
+        events.append("work ends")
         return "tokenizer"
 
-    t0 = time.perf_counter()
     with beside(work) as pending:
         assert native_load(load) == "model"
         assert native_load(lambda: "second") == "second"  # a later load: the work is done
     assert pending.result() == "tokenizer"
-    both = time.perf_counter() - t0
     assert seen["work"] == me and seen["load"] != me and seen["calls"] == 1
-    assert both < 0.38, f"load and work did not overlap: {both:.3f} s"
+    assert not both_inside.broken
+    assert sorted(events[:2]) == ["load starts", "work starts"]  # both started before either ended
+    assert sorted(events[2:]) == ["load ends", "work ends"]
 
 
 def test_work_without_a_native_load_runs_at_result():

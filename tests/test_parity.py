@@ -9,18 +9,9 @@ import pytest
 from prefix_edge import Runtime
 
 from .conftest import INPUTS
+from .helpers.parity import baked_and_prefilled
 
 TASKS = ["support", "sentiment", "extract", "raw"]
-
-
-def baked_and_prefilled(rt, task: str, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """First-step logits of `text` after the task's baked prefix, and with the prefix prefilled."""
-    ids = rt.encode_input(task, text)
-    prefix, _ = rt.prefixes.get(task)
-    rt.backend.begin(prefix)
-    baked = rt.backend.prefill(ids)
-    rt.backend.begin(None)
-    return baked, rt.backend.prefill(np.concatenate([prefix.ids, ids]))
 
 
 @pytest.mark.parametrize("backend", ["onnx", "gguf", "onnx-optimum"])
@@ -111,7 +102,7 @@ def test_own_graph_matches_optimum_graph(bundle_fp32, bundle_optimum):
     step of a 120-token teacher-forced run from a baked prefix (past the own graph's first KV
     buffer, so its growth is crossed), and the same prefix KV baked."""
     with Runtime.open(bundle_fp32, backend="onnx") as own, Runtime.open(bundle_optimum, backend="onnx") as ref:
-        assert own.backend.shared and not ref.backend.shared
+        assert own.backend.fused and not ref.backend.fused
         grew = False
         for task in ("support", "raw"):
             po, _ = own.prefixes.get(task)

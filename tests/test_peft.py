@@ -13,6 +13,7 @@ import pytest
 from prefix_edge import PrefixEdgeError, Runtime
 
 from .conftest import INPUTS, cli
+from .helpers.adapters import make_adapter
 
 N_TOKENS = 16
 MARGIN = 0.01  # PEFT's top-2 logit margin below which an F16 KV cache cannot be held to its choice
@@ -28,34 +29,6 @@ TASKS = {
 }
 PEFT_TYPE = {"prefix": "PREFIX_TUNING", "cartridge": "CARTRIDGE", "prompt": "PROMPT_TUNING",
              "ptuning": "P_TUNING"}
-
-
-def _peft_config(kind: str):
-    from peft import (CartridgeConfig, PrefixTuningConfig, PromptEncoderConfig, PromptTuningConfig,
-                      TaskType)
-
-    c = TaskType.CAUSAL_LM
-    return {"prefix": lambda: PrefixTuningConfig(task_type=c, num_virtual_tokens=6),
-            "cartridge": lambda: CartridgeConfig(task_type=c, num_virtual_tokens=5, num_frozen_tokens=1),
-            "prompt": lambda: PromptTuningConfig(task_type=c, num_virtual_tokens=4),
-            "ptuning": lambda: PromptEncoderConfig(task_type=c, num_virtual_tokens=4,
-                                                   encoder_hidden_size=32)}[kind]()
-
-
-def make_adapter(model_dir, kind: str, out, seed: int):
-    """A PEFT adapter with seeded random init, as save_pretrained writes it."""
-    import torch
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    pm = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), _peft_config(kind))
-    if kind in ("prefix", "cartridge"):  # keys/values of std 2: a prefix that clearly matters
-        with torch.no_grad():
-            for p in pm.prompt_encoder.parameters():
-                p.mul_(2.0)
-    pm.save_pretrained(str(out))
-    return out
 
 
 def tasks_toml() -> str:

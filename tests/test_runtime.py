@@ -18,9 +18,10 @@ def rt(bundle_fp32, request):
 
 def test_stream_equals_generate(rt):
     r = rt.generate("support", INPUTS[1], max_tokens=24)
-    chunks = list(rt.stream("support", INPUTS[1], max_tokens=24))
-    assert "".join(chunks) == r.text == rt.last_result.text
-    assert rt.last_result.tokens == r.tokens
+    s = rt.stream("support", INPUTS[1], max_tokens=24)
+    chunks = list(s)
+    assert "".join(chunks) == r.text == s.result.text
+    assert s.result.tokens == r.tokens
 
 
 def test_stop_string_split_across_tokens(rt):

@@ -1,14 +1,11 @@
 """`prefix-edge serve`: a real server on a free loopback port, driven by the official `openai`
 client (sync and streaming) and raw HTTP for the error cases. Every answer is compared with the
-same request run in-process (greedy, ONNX: exact under concurrency)."""
+same request run in-process (greedy, ONNX: exact under concurrency). The server and the
+in-process runtime: tests/helpers/served.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,55 +16,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from prefix_edge import Runtime  # noqa: E402
-
 from .conftest import INPUTS  # noqa: E402
-
-KEY = "test-key-123"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(bundle, *extra, api_key=KEY):
-    port = _free_port()
-    args = [sys.executable, "-m", "prefix_edge", "serve", "--bundle", str(bundle), "--port", str(port),
-            "--backend", "onnx", "--slots", "4", *extra] + (["--api-key", api_key] if api_key else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read().decode())
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not start")
-
-
-@pytest.fixture(scope="module")
-def server(bundle_int4):
-    proc, base = start_server(bundle_int4)
-    yield base
-    proc.terminate()
-    proc.wait(30)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def local(bundle_int4):
-    with Runtime.open(bundle_int4, backend="onnx") as rt:
-        yield rt
+from .helpers.served import KEY, client, launch_server, local, server  # noqa: E402,F401  (fixtures)
 
 
 def test_models_are_tasks(client, local):
@@ -193,7 +143,7 @@ def test_disconnect_cancels_and_metrics(server):
 
 
 def test_overload_is_429_not_a_hang(bundle_int4):
-    proc, base = start_server(bundle_int4, "--slots", "1", "--queue", "1", api_key=None)
+    proc, base = launch_server(bundle_int4, "--slots", "1", "--queue", "1", api_key=None)
     try:
         body = {"model": "raw", "max_tokens": 300, "logit_bias": {"2": -100},
                 "messages": [{"role": "user", "content": INPUTS[0]}]}

@@ -15,7 +15,7 @@ import pytest
 from prefix_edge import Runtime
 
 from .conftest import INPUTS
-from .test_serve import KEY, client, server  # noqa: F401  (the same server fixtures)
+from .helpers.served import KEY, client, server  # noqa: F401  (the shared server's fixtures)
 
 SYSTEM = "Answer in one short sentence."
 

@@ -26,14 +26,14 @@ pytest.importorskip("llama_cpp")
 from prefix_edge import Runtime  # noqa: E402
 
 from .conftest import INPUTS  # noqa: E402
-from .test_serve import start_server  # noqa: E402
+from .helpers.served import launch_server  # noqa: E402
 
 EOS_BAN = {"2": -100}  # the tiny model's EOS: no early end
 
 
 def start(bundle, *extra):
     """A real server on the llama.cpp backend (no API key): (process, base URL, port)."""
-    proc, base = start_server(bundle, "--backend", "gguf", *map(str, extra), api_key=None)
+    proc, base = launch_server(bundle, "--backend", "gguf", *map(str, extra), api_key=None)
     return proc, base, int(base.rsplit(":", 1)[1])
 
 
@@ -63,6 +63,8 @@ def server(bundle_int4):
 
 
 def _raw(port, data: bytes, wait: float = 0.0) -> bytes:
+    """Everything the server sends until IT ends the connection (a close or a reset); a
+    connection the server holds raises socket.timeout here (10 s: a hang guard)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
         s.sendall(data)
@@ -72,7 +74,7 @@ def _raw(port, data: bytes, wait: float = 0.0) -> bytes:
         while True:
             try:
                 part = s.recv(65536)
-            except (ConnectionResetError, socket.timeout):
+            except ConnectionResetError:
                 break
             if not part:
                 break
@@ -93,18 +95,16 @@ def test_body_limits(server):
 
     r = httpx.post(base + "/v1/chat/completions", content=chunks())
     assert r.status_code == 413
-    # a body that trickles: 408 after --body-timeout, not a held connection
-    t0 = time.time()
+    # a body that trickles: 408 after --body-timeout, then the server ends the connection
     out = _raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 500\r\n\r\n{\"model\": ")
-    assert out.startswith(b"HTTP/1.1 408") and time.time() - t0 < 8, out[:200]
+    assert out.startswith(b"HTTP/1.1 408"), out[:200]
 
 
 def test_head_timeout_and_connection_cap(server):
     base, port = server
-    t0 = time.time()
     out = _raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never finishes its head
-    assert out == b"" and time.time() - t0 < 8
+    assert out == b""  # closed by the server (its --header-timeout), not held
     socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
     try:
         time.sleep(0.5)

@@ -14,7 +14,7 @@ from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.runtime.tools import HEAD, CallWriter, ToolSpec, check_tools, constraint_options, for_template, guide, read_call
 
 from .conftest import INPUTS
-from .test_serve import KEY, client, local, server  # noqa: F401  (the same server fixtures)
+from .helpers.served import KEY, client, local, server  # noqa: F401  (the shared server's fixtures)
 
 jsonschema = pytest.importorskip("jsonschema")
 

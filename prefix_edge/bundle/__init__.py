@@ -25,10 +25,10 @@ fingerprint from the files it is about to run and refuses a prefix whose fingerp
 """
 
 from .bundle import MODEL_SUFFIX, Bundle
-from .layout import MANIFEST, confined
+from .layout import BACKENDS, MANIFEST, confined
 from .manifest import (FORMAT, FORMAT_VERSION, BackendInfo, Manifest, ModelInfo, TaskInfo, TaskPrefixFile,
                        TokenizerInfo)
 from .verify import hash_files, sha256_file
 
-__all__ = ["Bundle", "MODEL_SUFFIX", "MANIFEST", "confined", "FORMAT", "FORMAT_VERSION", "BackendInfo",
+__all__ = ["BACKENDS", "Bundle", "MODEL_SUFFIX", "MANIFEST", "confined", "FORMAT", "FORMAT_VERSION", "BackendInfo",
            "Manifest", "ModelInfo", "TaskInfo", "TaskPrefixFile", "TokenizerInfo", "hash_files", "sha256_file"]

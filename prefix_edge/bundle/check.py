@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PrefixEdgeError
+from .layout import BACKENDS
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-BACKENDS = ("onnx", "gguf")
 
 
 class _Bad(Exception):

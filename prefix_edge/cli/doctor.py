@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from .app import app
-from ..runtime.cpus import cpu_features
+from ..runtime.cpus import cpu_features, read_cpu_features
 
 def _ort_cache() -> dict | None:
     """This machine's cache of ORT's optimized models (runtime/ort_cache.py), None without ORT."""
@@ -76,6 +76,7 @@ def doctor(
     from ..runtime.probe import llama_verdict
 
     onnx_ok, onnx_detail, providers = _onnx_status()
+    cpu = read_cpu_features()
     model = _probe_model(bundle)
     v = llama_verdict(model, refresh=refresh)
     if v is None:
@@ -86,7 +87,9 @@ def doctor(
         "prefix_edge": __version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
-        "cpu_features": cpu_features(),
+        "cpu_features": cpu_features(cpu),
+        "cpu_features_source": cpu.source,
+        "unreadable": list(cpu.unread),
         "threads": vars(budget()),
         "packages": {d: _version(d) for d in ("numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers",
                                                "llama-cpp-python", "torch", "transformers")},
@@ -103,7 +106,10 @@ def doctor(
         typer.echo(json.dumps(report, indent=1))
     else:
         typer.echo(f"prefix-edge {report['prefix_edge']}  python {report['python']}  {report['platform']}")
-        typer.echo("cpu features: " + (" ".join(report["cpu_features"]) or "unknown"))
+        src = f" (from {cpu.source})" if cpu.source and cpu.source != "/proc/cpuinfo" else ""
+        typer.echo("cpu features: " + (" ".join(report["cpu_features"]) or "unknown") + src)
+        for what in cpu.unread:
+            typer.echo(f"     could not read {what}")
         typer.echo("engine threads by default: " + budget().describe())
         typer.echo("packages: " + "  ".join(f"{k} {v_}" for k, v_ in report["packages"].items()
                                              if v_ != "not installed"))

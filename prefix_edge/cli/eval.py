@@ -89,7 +89,7 @@ def eval_(
                 results.append(eval_bundle(root, task, b, rows, metric, threads, bar,
                                            constrain=not no_constraint, whole=True))
         if reference:
-            from ..evaluation.reference import open_reference
+            from ..tune.reference import open_reference
             from ..evaluation.run import evaluate
 
             hf, generate = open_reference(opened, task, tasks_file, base)

@@ -9,6 +9,7 @@ import typer
 
 from ..serve.lifecycle import GRACE
 from ..serve.limits import BODY_TIMEOUT, HEADER_TIMEOUT, MAX_BODY, MAX_CONNECTIONS
+from ..serve.store import MAX_STORED, STORED_BYTES
 from .app import app
 
 
@@ -25,7 +26,10 @@ def serve(
     kv_cells: Optional[int] = typer.Option(None, "--kv-cells", help="llama.cpp KV cells in all (default: slots x n-ctx; with --shared-kv: from the longest prefix and slots)."),
     shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
     prompt_cache: int = typer.Option(512, "--prompt-cache", "--turn-cache", help="MiB of host memory for the KV of prompts already read: a request starting with the same tokens (the same documents or system prompt, a conversation's next turn) prefills only the rest; 0: off."),
+    prompt_cache_disk: int = typer.Option(2048, "--prompt-cache-disk", help="MiB of disk (under the home directory) for the prompts that keep coming back, so that a restarted server starts warm; 0: off."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
+    stored_responses: int = typer.Option(MAX_STORED, "--stored-responses", help="/v1/responses kept for previous_response_id and GET (the oldest dropped beyond; 0: none)."),
+    stored_mb: int = typer.Option(STORED_BYTES >> 20, "--stored-mb", help="MiB the stored responses may hold together (the oldest dropped beyond)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="Largest request body in bytes (413 beyond)."),
@@ -67,10 +71,12 @@ def serve(
     from ..runtime.runtime import Runtime
     from ..serve.lifecycle import bind, make_server
     from ..serve.limits import protocol_class, raise_fd_limit
+    from ..serve.store import StoredResponses
 
     for name, value, low in (("--max-body", max_body, 1), ("--body-timeout", body_timeout, 0.001),
                              ("--header-timeout", header_timeout, 0.001),
-                             ("--max-connections", max_connections, 1), ("--grace", grace, 0)):
+                             ("--max-connections", max_connections, 1), ("--grace", grace, 0),
+                             ("--stored-responses", stored_responses, 0), ("--stored-mb", stored_mb, 0)):
         if value < low:
             raise PrefixEdgeError(f"{name} must be >= {low}, got {value}")
     sock = bind(host, port)  # a port in use fails here, before the model loads
@@ -79,10 +85,12 @@ def serve(
     try:
         rt = Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=slots,
                           queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv,
-                          prompt_cache_bytes=max(0, prompt_cache) << 20)
+                          prompt_cache_bytes=max(0, prompt_cache) << 20,
+                          prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20)
         application = create_app(rt, api_key=api_key,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
-                                 max_body=max_body, body_timeout=body_timeout)
+                                 max_body=max_body, body_timeout=body_timeout,
+                                 stored_responses=StoredResponses(stored_responses, stored_mb << 20))
         config = uvicorn.Config(application, log_level="warning", lifespan="off",
                                 http=protocol_class(header_timeout, max_connections))
         server = make_server(config, application.state.server, grace)

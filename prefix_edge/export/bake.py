@@ -158,6 +158,11 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
     if be.name == "gguf":
         from ..runtime.seqstate_write import build_seq_state
 
+        if getattr(be, "recurrent", None):
+            raise PrefixEdgeError(f"a prefix-tuning adapter sets each layer's KV; this model's "
+                                  f"{be.recurrent_layers} recurrent layers keep a state, not a KV, so "
+                                  "prefix tuning cannot apply to it (prompt tuning can)")
+
         if be.rope_layout == "adjacent":
             keys = [hf_keys_to_llama_cpp(k) for k in keys]
         elif be.rope_layout != "halves":

@@ -20,7 +20,7 @@ from ..errors import PrefixEdgeError, disk_full
 from ..tasks import load_tasks, render_task, text_hash
 from ..progress import Stages
 
-FORMATS = ("onnx", "gguf")
+FORMATS = layout.BACKENDS  # a bundle's model formats: one per backend
 DEFAULT_FORMATS = ("onnx", "gguf")
 ONNX_BUILDERS = ("own", "optimum")  # export/onnx_graph.py (fused ops) | optimum + ORT fusions
 DEFAULT_ONNX_QUANT = "int4"  # exact baked prefixes, smallest, fastest: see README

@@ -34,9 +34,12 @@ _PRE_TOKENIZERS = {
 }
 
 
-def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32") -> None:
+def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32", check: bool = True) -> None:
     """Write the model in `hf_dir` (config.json, model*.safetensors, the tokenizer files) to the
-    GGUF file `out`, weights in `ftype` ("f32", or "f16": 2-D weights f16, norms f32)."""
+    GGUF file `out`, weights in `ftype` ("f32", or "f16": 2-D weights f16, norms f32). `check`:
+    then load it and decode a token in a child process (runtime/llama_child.py), so that a model
+    llama.cpp asserts on is an error line here, not an abort of the process that loads it next."""
+    from ..runtime.llama_child import check_loads
     from .llama_convert import convert
 
     hf_dir = Path(hf_dir)
@@ -44,6 +47,12 @@ def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32") -> None:
         raise PrefixEdgeError(f"unknown GGUF ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
     _read_json(hf_dir / "config.json")
     convert(hf_dir, Path(out), ftype)
+    if check:
+        try:
+            check_loads(Path(out), f"{hf_dir.name} converted to GGUF")
+        except PrefixEdgeError:
+            Path(out).unlink(missing_ok=True)
+            raise
 
 
 def pre_tokenizer_name(hf_dir: Path) -> str:

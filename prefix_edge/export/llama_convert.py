@@ -112,6 +112,21 @@ def extract_converter(sdist: Path, dest: Path) -> None:
     os.replace(part, dest)
 
 
+def converter_knows(architecture: str) -> bool | None:
+    """Whether llama.cpp's converter (of the installed llama-cpp-python) registers this HF
+    architecture (its conversion/__init__.py map); None when the converter is not here."""
+    import re
+
+    try:
+        conv = converter_dir(fetch=False)
+    except PrefixEdgeError:
+        return None
+    table = conv / "conversion" / "__init__.py"
+    text = table.read_text(encoding="utf-8") if table.is_file() else \
+        (conv / "convert_hf_to_gguf.py").read_text(encoding="utf-8")
+    return re.search(r"""["']""" + re.escape(architecture) + r"""["']""", text) is not None
+
+
 def convert(hf_dir: Path, out: Path, outtype: str) -> None:
     """Run llama.cpp's converter on `hf_dir`, writing `out` (outtype: f32, f16, bf16, q8_0)."""
     conv = converter_dir()

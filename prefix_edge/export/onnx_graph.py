@@ -64,8 +64,11 @@ def _config(hf_dir: Path) -> dict:
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch not in ARCHITECTURES:
+        from .llama_convert import converter_knows
+
+        gguf = " --format gguf (llama.cpp's converter knows it), or" if converter_knows(arch) else ""
         raise PrefixEdgeError(f"the own ONNX builder does not know {arch} (it builds "
-                              f"{', '.join(ARCHITECTURES)}); export with --onnx-builder optimum")
+                              f"{', '.join(ARCHITECTURES)}); export with{gguf} --onnx-builder optimum")
     scaling = cfg.get("rope_scaling") or {}
     kind = scaling.get("rope_type", scaling.get("type")) or "default"
     if kind not in ROPE_TYPES:

@@ -95,6 +95,21 @@ def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo
         sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0)
 
 
+# layer_types entries of recurrent (not attention) layers, and the model types made of them
+_RECURRENT_LAYER_TYPES = {"conv": "short-convolution", "mamba": "Mamba2", "linear_attention": "linear-attention"}
+_RECURRENT_MODELS = {"falcon_h1": "Mamba2", "granitemoehybrid": "Mamba2", "lfm2": "short-convolution",
+                     "jamba": "Mamba", "bamba": "Mamba2", "nemotron_h": "Mamba2", "qwen3_next": "linear-attention"}
+
+
+def recurrent_layers(cfg: dict) -> str:
+    """What the recurrent layers of a hybrid model's config.json are ("Mamba2", ...), "" for a
+    model whose every layer is attention. Their state is not a KV (llama.cpp keeps one state per
+    sequence, after its last token), which a few features (a compressed prefix, prefix tuning)
+    need."""
+    kinds = {_RECURRENT_LAYER_TYPES[t] for t in cfg.get("layer_types") or [] if t in _RECURRENT_LAYER_TYPES}
+    return ", ".join(sorted(kinds)) or _RECURRENT_MODELS.get(cfg.get("model_type", ""), "")
+
+
 def eos_ids(hf_dir: Path, tokenizer) -> list[int]:
     """EOS ids from config.json, generation_config.json and the tokenizer's eos token."""
     ids: set[int] = set()

@@ -1,5 +1,7 @@
 """GGUF weight quantization through llama.cpp's own quantizer (`llama_model_quantize`, as the
-`llama-quantize` tool), called from llama-cpp-python.
+`llama-quantize` tool), called from llama-cpp-python in a child process (runtime/llama_child.py):
+llama.cpp asserts on a model's metadata, and an abort there is an error line, not the end of
+the export. The child then loads and decodes the quantized model.
 
 Names are the usual llama.cpp ones, lower case: "q8_0", "q4_k_m", ... K-quants work on rows of
 256 values; llama.cpp falls back to a legacy type for tensors whose rows are not a multiple of it.
@@ -7,7 +9,6 @@ Names are the usual llama.cpp ones, lower case: "q8_0", "q4_k_m", ... K-quants w
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 from ..errors import PrefixEdgeError
@@ -46,17 +47,28 @@ def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = Fal
         raise PrefixEdgeError(f"no GGUF file at {src}")
     if dst.resolve() == src.resolve():
         raise PrefixEdgeError(f"quantizing {src} onto itself; choose another output path")
-    from ..runtime.llama import load_llama_cpp
+    from ..runtime import llama_child
+    from ..runtime.llama_lib import load_llama_cpp
 
-    llama_cpp = load_llama_cpp()  # raises a clear error without llama-cpp-python; silences its log
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, _FTYPES[qtype])
-    params.allow_requantize = allow_requantize
+    llama_cpp = load_llama_cpp()  # raises a clear error without llama-cpp-python
     dst.parent.mkdir(parents=True, exist_ok=True)
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
-                                        ctypes.byref(params))
-    if rc != 0:
+    try:
+        llama_child.quantize(src, dst, getattr(llama_cpp, _FTYPES[qtype]), allow_requantize,
+                             f"{gguf_model_name(src)} to {qtype}")
+    except PrefixEdgeError:
         dst.unlink(missing_ok=True)
-        raise PrefixEdgeError(f"llama.cpp failed to quantize {src} to {qtype} (code {rc}); "
-                              f"run with a valid GGUF source")
+        raise
+
+
+def gguf_model_name(path: Path) -> str:
+    """`path` with the model it holds, as its GGUF metadata names it (general.architecture and
+    general.name), where the gguf package can read them."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        found = [reader.get_field(k) for k in ("general.architecture", "general.name")]
+        said = [str(f.contents()) for f in found if f is not None]
+    except Exception:
+        said = []
+    return f"{path} ({', '.join(said)})" if said else str(path)

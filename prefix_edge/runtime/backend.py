@@ -14,8 +14,12 @@ caller at run time, from its one engine thread, and makes exactly these calls:
 
 Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
 Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
-close. Each engine builds itself from a bundle (Engine.from_bundle: its own options, context
-and cache sizes), so the runtime never asks which engine it holds.
+seq_pos, close. Each engine builds itself from a bundle (Engine.from_bundle: its own options,
+context and cache sizes), so the runtime never asks which engine it holds.
+
+`Engine` below is the whole contract: every attribute and call the scheduler, the runtime, the
+caches and OneSequence use is declared there, and every engine defines each one (nothing is
+probed with getattr; tests/test_engine_protocol.py checks both engines and the test fake).
 
 OneSequence (below) is the single-sequence API, begin / prefill / step, over those same calls:
 export's baking, bench and the parity tests use it. Sampling, stop strings, detokenization,
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -36,8 +40,6 @@ from .prefix import Prefix
 
 if TYPE_CHECKING:
     from ..bundle import Bundle
-
-BACKENDS = ("onnx", "gguf")
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,29 @@ class Opened:
 class Engine(Protocol):
     name: str
     device: str
-    n_ctx: int
+    n_ctx: int           # positions one sequence may hold
     threads: int | None
     n_layers: int
     n_kv_heads: int
     head_dim: int
     kv_dtype_name: str
+    n_vocab: int         # the length of the logits forward() returns (the model's vocabulary)
+    # The most tokens one forward() takes, all its items together: the scheduler's budget per
+    # step and OneSequence's prefill chunk. None: no bound but n_ctx per sequence (ONNX runs
+    # the items one after another, each a graph run of any length up to n_ctx).
+    n_batch: int | None
+    # KV cells allocated for all sequences together (llama.cpp: its context's, every stream).
+    # None: no cache of cells (ONNX: each sequence's buffers grow with it; kv_bytes() says
+    # what they hold).
+    kv_cells_total: int | None
+    # The sequence OneSequence (begin / prefill / step, save_prefix) uses, the same on an
+    # engine of its own (engines.open_backend) and on a runtime's. Where the engine has a
+    # sequence to spare it is none of Opened.request_seqs / resident_seqs: ONNX -1 (any id is
+    # a key), llama.cpp with one shared cache 0 (reserved). llama.cpp with a KV stream per slot
+    # has none to spare (a sequence id needs a stream of its own, n_seq_max = slots; one more
+    # would cost a slot's KV): 0 is then also the first slot's, and the one-sequence API on a
+    # runtime's engine is for a runtime with no request running.
+    single_seq: int
     keeps_partial: bool  # seq_restore(keep=...) is allowed (every layer holds all its positions)
 
     @classmethod
@@ -91,6 +110,8 @@ class Engine(Protocol):
     def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]: ...
 
     def seq_free(self, seq: int) -> None: ...
+
+    def seq_pos(self, seq: int) -> int: ...  # seq's next position (after its last stored one)
 
     # -- prefixes in and out ----------------------------------------------------------------
     def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix: ...
@@ -115,7 +136,7 @@ class OneSequence:
     """begin / prefill / step on one sequence (`single_seq`) through the engine's own sequence
     calls: no second state of its own but the position. Mixed into both engines."""
 
-    single_seq: Any = 0
+    single_seq: int = 0  # Engine.single_seq
     pos: int = 0
 
     def begin(self, prefix: Prefix | None) -> None:
@@ -128,14 +149,15 @@ class OneSequence:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise PrefixEdgeError("prefill needs at least one token")
-        chunk = getattr(self, "n_batch", None) or ids.size
+        seq = self.single_seq
+        chunk = self.n_batch or ids.size
         logits = None
         for start in range(0, ids.size, chunk):
             part = ids[start:start + chunk]
             try:
-                logits = self.forward([(self.single_seq, self.pos, part)])[0]
+                logits = self.forward([(seq, self.pos, part)])[0]
             except PrefixEdgeError:
-                self.pos = self.seq_pos(self.single_seq)
+                self.pos = self.seq_pos(seq)
                 raise
             self.pos += part.size
         return logits

@@ -29,33 +29,93 @@ _X86 = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni"
 _ARM = ("asimd", "asimddp", "i8mm", "sve", "sve2", "bf16")
 
 
-def cpu_flags() -> frozenset[str]:
-    """Every feature flag the OS reports for this CPU (Linux /proc/cpuinfo; macOS sysctl
-    hw.optional.*); empty when unknown."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
+_ARM_HWCAP = {"asimd": 1, "asimddp": 20, "sve": 22}  # AT_HWCAP bits (linux/arch/arm64 uapi hwcap.h)
+_ARM_HWCAP2 = {"sve2": 1, "i8mm": 13, "bf16": 14}    # AT_HWCAP2 bits
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    flags: frozenset[str]     # every flag the OS reports (empty: unknown)
+    source: str               # "/proc/cpuinfo", "AT_HWCAP", "sysctl", or "" (unknown)
+    unread: tuple[str, ...]   # what could not be read here, each "PATH: why"
+
+
+def _is_arm(machine: str) -> bool:
+    return machine.lower().startswith(("aarch64", "arm"))
+
+
+def _from_cpuinfo(text: str, machine: str) -> frozenset[str] | None:
+    """The `flags` line (x86) or the `Features` line (arm64) of /proc/cpuinfo; None without it."""
+    keys = ("features",) if _is_arm(machine) else ("flags",) if machine.lower() in ("x86_64", "amd64", "i686") \
+        else ("flags", "features")
     for line in text.splitlines():
-        key = line.split(":")[0].strip().lower()
-        if key in ("flags", "features"):
+        if line.split(":")[0].strip().lower() in keys and ":" in line:
             return frozenset(line.split(":", 1)[1].split())
-    if platform.system() == "Darwin":
+    return None
+
+
+def _from_hwcap() -> frozenset[str] | None:
+    """Linux arm64 without /proc: the kernel's AT_HWCAP / AT_HWCAP2 bits (getauxval)."""
+    import ctypes
+
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return None
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    hwcap, hwcap2 = getauxval(16), getauxval(26)
+    if not hwcap:
+        return None
+    return frozenset([f for f, bit in _ARM_HWCAP.items() if hwcap >> bit & 1]
+                     + [f for f, bit in _ARM_HWCAP2.items() if hwcap2 >> bit & 1])
+
+
+def read_cpu_features(cpuinfo: Path = Path("/proc/cpuinfo"), sys_cpu: Path = SYS_CPU,
+                      machine: str | None = None) -> CpuFeatures:
+    """This CPU's feature flags (Linux /proc/cpuinfo: `flags` on x86, `Features` on arm64, else
+    AT_HWCAP on arm64; macOS sysctl hw.optional.*) and what could not be read on the way."""
+    machine = machine or platform.machine()
+    unread: list[str] = []
+    flags: frozenset[str] | None = None
+    source = ""
+    try:
+        flags = _from_cpuinfo(cpuinfo.read_text(), machine)
+        if flags is None:
+            line = "Features" if _is_arm(machine) else "flags"
+            unread.append(f"{cpuinfo}: no `{line}` line for this {machine} CPU")
+        else:
+            source = str(cpuinfo)
+    except OSError as e:
+        if platform.system() != "Darwin":
+            unread.append(f"{cpuinfo}: {e.strerror or e} (is /proc mounted?)")
+    if platform.system() == "Linux" and not sys_cpu.is_dir():
+        unread.append(f"{sys_cpu}: not there (is /sys mounted?); core topology unknown, "
+                      "and ONNX Runtime's cpuinfo warns about it")
+    if flags is None and platform.system() == "Linux" and _is_arm(machine):
+        flags = _from_hwcap()
+        source = "AT_HWCAP" if flags is not None else ""
+    if flags is None and platform.system() == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-a"], capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.SubprocessError):
-            return frozenset()
-        return frozenset(ln.split(":")[0].rsplit(".", 1)[-1].lower() for ln in out.splitlines()
-                         if ln.startswith("hw.optional.") and ln.rstrip().endswith(": 1"))
-    return frozenset()
+            flags = frozenset(ln.split(":")[0].rsplit(".", 1)[-1].lower() for ln in out.splitlines()
+                              if ln.startswith("hw.optional.") and ln.rstrip().endswith(": 1"))
+            source = "sysctl"
+        except (OSError, subprocess.SubprocessError) as e:
+            unread.append(f"sysctl -a: {e}")
+    return CpuFeatures(flags or frozenset(), source, tuple(unread))
 
 
-def cpu_features() -> list[str]:
+def cpu_flags() -> frozenset[str]:
+    """Every feature flag the OS reports for this CPU; empty when unknown."""
+    return read_cpu_features().flags
+
+
+def cpu_features(report: CpuFeatures | None = None) -> list[str]:
     """The flags that decide which llama.cpp / ORT kernels run (all of them on macOS)."""
-    have = cpu_flags()
-    if platform.system() == "Darwin" and not Path("/proc/cpuinfo").exists():
-        return sorted(have)
-    return [f for f in (*_X86, *_ARM) if f in have]
+    report = report or read_cpu_features()
+    if report.source == "sysctl":
+        return sorted(report.flags)
+    return [f for f in (*_X86, *_ARM) if f in report.flags]
 
 
 @dataclass(frozen=True)

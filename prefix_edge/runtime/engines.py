@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..bundle import BACKENDS
 from ..errors import PrefixEdgeError
-from .backend import BACKENDS, Engine
+from .backend import Engine
 
 
 def engine_class(name: str):

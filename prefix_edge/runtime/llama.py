@@ -10,7 +10,10 @@ with flash attention, so that context runs with it), and the V layout follows fl
 library never shifts by itself, and a full context is an error here, never a shift (a shift
 re-rotates cached keys).
 
-Prefix files (read, checked, written): llama_prefix.py.
+A hybrid model (LFM2, Granite 4.0-H, Falcon-H1) keeps, beside its attention layers' KV, one
+recurrent state per sequence (the state after its last token): a prefix, snapshot or prompt-cache
+entry holds both and a restore puts both back; such a state cannot be cut back to an earlier
+position (keeps_partial is False). Prefix files and the state layout: llama_prefix.py.
 
 Soft prompts (PEFT prompt / P-tuning) are decoded from embeddings: `prefill_embeddings` sends
 float rows through a `llama_batch` made with `llama_batch_init(n, n_embd, 1)` (no token ids).
@@ -31,7 +34,6 @@ from .llama_lib import (KV_TYPES, _format_part, available_devices, kv_rotation, 
 from .llama_prefix import BACKEND, PrefixFiles
 from .overlap import native_load
 from .prefix import Prefix
-from .seqstate import parse_seq_state
 from .seqstate_write import in_stream, out_of_stream, row_bytes
 
 
@@ -70,12 +72,18 @@ class LlamaBackend(PrefixFiles, OneSequence):
         mp.n_gpu_layers = 0 if device == "cpu" else -1
         self.model = native_load(lambda: L.llama_model_load_from_file(str(model_path).encode(), mp))
         if not self.model:
-            raise PrefixEdgeError(f"cannot load GGUF model {model_path} (not a GGUF file, or an "
-                                  "architecture this llama.cpp does not know)")
+            from .llama_child import load_failure
+
+            raise PrefixEdgeError(f"cannot load GGUF model {model_path}: {load_failure(Path(model_path))}")
         # sliding-window layers (Gemma 3): llama.cpp keeps them in a second cache (iSWA), and a
         # sequence's state is then two caches' parts, the second pruned to the window
         self.n_swa = int(L.llama_model_n_swa(self.model))
-        self.state_parts, self.swa_n_layer = (2 if self.n_swa > 0 else 1), 0
+        # a hybrid model (LFM2, Granite 4.0-H, Falcon-H1): a recurrent state beside the KV
+        hybrid = bool(L.llama_model_is_hybrid(self.model))
+        if L.llama_model_is_recurrent(self.model) and not hybrid:
+            self.close()
+            raise PrefixEdgeError(f"{Path(model_path).name}: a recurrent model without attention layers "
+                                  "(Mamba, RWKV) is not supported by the gguf engine; hybrids are")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_layers = int(L.llama_model_n_layer(self.model))
@@ -119,11 +127,12 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self._copied: dict[int, int] = {}  # dst -> src of seq_copy not yet carried out by a decode
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
+        if self.n_swa or hybrid or self.n_kv_heads == 0:  # the layout is read off a state of its own
+            self.read_state_layout(hybrid)
         t = KV_TYPES[kv_type]
-        self.bytes_per_cell = self.n_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
-                                               row_bytes(t, self.n_kv_heads * self.head_dim_v))
-        if self.n_swa:
-            self.swa_n_layer = self._swa_layer_count()
+        kv_layers = self.n_layers if self.kv_layers is None else self.kv_layers + self.swa_n_layer
+        self.bytes_per_cell = kv_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
+                                           row_bytes(t, self.n_kv_heads * self.head_dim_v))
 
     def adopt_context(self) -> None:
         L = self._L
@@ -132,19 +141,6 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self.mem = L.llama_get_memory(self.ctx)
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
         self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold now
-
-    def _swa_layer_count(self) -> int:
-        """How many layers llama.cpp keeps in the sliding-window cache: read off the state of
-        a one-token sequence (the model's files do not always say which layers slide)."""
-        try:
-            self.forward([(0, 0, np.zeros(1, np.int64))])
-            return parse_seq_state(self.seq_snapshot(0, np.zeros(1, np.int64)).kv, parts=2).swa.n_layer
-        except PrefixEdgeError as e:
-            self.close()
-            raise PrefixEdgeError(f"cannot read this model's sliding-window cache layout: {e}") from None
-        finally:
-            if self.ctx is not None:
-                self._L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     # -- model facts ----------------------------------------------------------------------
     CTX_DEFAULT = 4096      # positions per request unless n_ctx says otherwise
@@ -215,8 +211,9 @@ class LlamaBackend(PrefixFiles, OneSequence):
     @property
     def keeps_partial(self) -> bool:
         """Whether seq_restore can keep only a state's first positions: not with sliding-window
-        layers, whose cache holds only the last cells of the state."""
-        return self.swa_n_layer == 0
+        layers, whose cache holds only the last cells of the state, nor with recurrent layers,
+        whose state is the one after the last token (llama.cpp cannot cut it back)."""
+        return self.swa_n_layer == 0 and self.recurrent is None
 
     def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
         """Empty sequence `seq` and install a baked prefix (or nothing) at positions 0..P-1;
@@ -230,8 +227,9 @@ class LlamaBackend(PrefixFiles, OneSequence):
             self._check(prefix)
         self._copied.pop(seq, None)
         grow(self, prefix.n_tokens + 1)
-        parts = parse_seq_state(prefix.kv, 2) if self.state_parts == 2 and self.n_stream > 1 else None
-        blob = in_stream(prefix.kv, seq, self.n_stream, parts)
+        layout = self.parse_state(prefix.kv) if (self.state_parts == 2 or self.recurrent) and \
+            self.n_stream > 1 else None
+        blob = in_stream(prefix.kv, seq, self.n_stream, layout)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
         if n != blob.nbytes:
@@ -264,6 +262,13 @@ class LlamaBackend(PrefixFiles, OneSequence):
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         """Sequence `seq`'s KV now (all its positions), as a Prefix that seq_restore puts back
         into any sequence: a one-stream seq-state blob, like a baked prefix's."""
+        blob = out_of_stream(self.raw_state(seq), seq if self.n_stream > 1 else 0, self.n_stream,
+                             self.state_parts, self.recurrent_layers)
+        return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual,
+                      checked_by=self)
+
+    def raw_state(self, seq: int) -> np.ndarray:
+        """Sequence `seq`'s state as llama.cpp writes it for this context (all its streams)."""
         L = self._L
         self._live()
         size = L.llama_state_seq_get_size(self.ctx, seq)
@@ -272,9 +277,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
                                        size, seq)
         if n != size:
             raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
-        blob = out_of_stream(blob, seq if self.n_stream > 1 else 0, self.n_stream, self.state_parts)
-        return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual,
-                      checked_by=self)
+        return blob
 
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
@@ -355,7 +358,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
                 for i in range(n):
                     b.pos[i] = self.pos + i
                     b.n_seq_id[i] = 1
-                    b.seq_id[i][0] = 0
+                    b.seq_id[i][0] = self.single_seq
                     b.logits[i] = 0
                 b.logits[n - 1] = 1 if start + n == n_all else 0
                 b.n_tokens = n
@@ -363,7 +366,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
             finally:
                 L.llama_batch_free(b)
             if rc != 0:
-                self.pos = int(L.llama_memory_seq_pos_max(self.mem, 0)) + 1
+                self.pos = self.seq_pos(self.single_seq)
                 raise PrefixEdgeError(f"llama_decode of embeddings failed (code {rc}) at "
                                       f"position {self.pos}")
             self.pos += n

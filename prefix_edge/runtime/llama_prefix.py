@@ -5,9 +5,12 @@ anything reaches llama.cpp, and written back (export's baking, conversation snap
 Prefix file (safetensors, like the ONNX backend's): `state` uint8 [blob bytes], `prefix_ids`
 int64 [P - n_virtual], metadata {fingerprint, task, n_virtual (trained prefixes: the leading
 cells that have no token id; absent = 0), ... as given, plus backend, state_format,
-state_version, n_layer, v_trans, kv_type, n_tokens (= cells = P)}. The blob is read whole and
-walked before use (seqstate.py): llama.cpp itself checks little and nothing about which model
-wrote it.
+state_version, n_layer, v_trans, kv_type, n_tokens (= cells = P), and for a hybrid model
+recurrent_layers}. The blob is read whole and walked before use (seqstate.py): llama.cpp itself
+checks little and nothing about which model wrote it.
+
+Which parts a model's blobs hold (one KV cache's or two, a recurrent part) is read off a state
+of the engine's own (read_state_layout), not guessed from the model's metadata.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from ..bundle import prefixfile
 from ..errors import PrefixEdgeError
 from .llama_lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
 from .prefix import Prefix
-from .seqstate import all_finite, check_seq_state, parse_seq_state
-from .seqstate_write import row_bytes
+from .seqstate import GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state, parse_seq_state
+from .seqstate_write import out_of_stream, row_bytes
 
 BACKEND = "gguf"
 
@@ -30,17 +33,72 @@ class PrefixFiles:
     """LlamaBackend's prefix-file side (a mixin: it reads the engine's model facts, kv_type,
     state_parts, state_version and the live context)."""
 
+    state_parts = 1         # KV caches' parts in a blob (2: sliding-window layers, llama.cpp's iSWA)
+    swa_n_layer = 0         # layers in the sliding-window cache
+    kv_layers = None        # layers in the (full-attention) KV cache's part (None: all the model's)
+    recurrent = None        # a hybrid model: RecurrentInfo.facts() of its recurrent layers' state
+
+    @property
+    def recurrent_layers(self) -> int:
+        return self.recurrent["layers"] if self.recurrent else 0
+
+    def parse_state(self, blob):
+        """A blob parsed as this model's layout (seqstate.parse_seq_state)."""
+        return parse_seq_state(blob, self.state_parts, self.recurrent_layers)
+
+    def read_state_layout(self, hybrid: bool) -> None:
+        """Which parts this model's sequence states hold, read off the state of a two-token
+        sequence: one KV cache's part or two (sliding-window layers: llama.cpp's iSWA cache;
+        n_swa alone does not say, EXAONE 4.0 has one and no sliding layer; when every layer
+        slides the first part has none), and for a `hybrid` model its recurrent layers' state.
+        Sets state_parts, swa_n_layer (n_swa 0 without a sliding-window cache), kv_layers,
+        n_kv_heads (of the attention layers: llama.cpp reports layer 0's, 0 if it is recurrent)
+        and recurrent."""
+        L = self._L
+        try:
+            self.forward([(0, 0, np.zeros(2, np.int64))])
+            raw = self.raw_state(0)
+            err = None
+            for parts in (1, 2):
+                try:
+                    info = parse_seq_state(out_of_stream(raw.copy(), 0, self.n_stream, parts, None if hybrid else 0),
+                                           parts, None if hybrid else 0)
+                    break
+                except PrefixEdgeError as e:
+                    err = err or e
+            else:
+                raise err
+        except PrefixEdgeError as e:
+            self.close()
+            raise PrefixEdgeError(f"cannot read this model's sequence-state layout: {e}") from None
+        finally:
+            if self.ctx is not None:
+                L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        self.state_parts = len(info.parts)
+        self.swa_n_layer = info.swa.n_layer if info.swa else 0
+        if info.swa is None:
+            self.n_swa = 0
+        self.kv_layers = info.n_layer
+        self.recurrent = info.recurrent.facts() if info.recurrent else None
+        lay = next((lay for part in info.parts for lay in part.layers), None)
+        if lay is None:
+            raise PrefixEdgeError("cannot read this model's sequence-state layout: it has no KV layer")
+        per_row = (lay.k_row_bytes // Q8_0_BYTES * Q8_0_BLOCK if lay.k_type == GGML_TYPE_Q8_0
+                   else lay.k_row_bytes // (4 if lay.k_type == 0 else 2))
+        self.n_kv_heads = per_row // self.head_dim
+
     def expected_state(self, n_tokens: int | None = None) -> dict:
         """What a seq-state blob for this model and context must look like."""
         t = KV_TYPES[self.kv_type]
-        exp = {"n_layer": self.n_layers, "k_type": t, "v_type": t,
+        exp = {"n_layer": self.n_layers if self.kv_layers is None else self.kv_layers, "k_type": t, "v_type": t,
                "k_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim),
                "v_row_bytes": row_bytes(t, self.n_kv_heads * self.head_dim_v),
                "n_embd_v_gqa": self.n_kv_heads * self.head_dim_v, "v_trans": self.v_trans,
                "max_cells": self.max_ctx_seq}
         if self.n_swa:
-            exp["n_layer"] = self.n_layers - self.swa_n_layer
             exp["swa"] = {"n_layer": self.swa_n_layer, "window": self.n_swa}
+        if self.recurrent:
+            exp["recurrent"] = self.recurrent
         if n_tokens is not None:
             exp["cell_count"] = n_tokens
         return exp
@@ -75,11 +133,16 @@ class PrefixFiles:
     def read_prefix_ids(self, path: Path) -> np.ndarray:
         return prefixfile.read_ids(path)
 
+    def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
+        """The most host memory a loaded prefix holds: its state blob, read whole from its
+        file (which holds the blob, the ids and a header)."""
+        return file_bytes
+
     def _check(self, prefix: Prefix, where: str = "prefix", walk: bool = True) -> None:
         if not isinstance(prefix.kv, np.ndarray) or prefix.kv.dtype != np.uint8:
             raise PrefixEdgeError(f"{where}: not a gguf prefix (KV is not a seq-state blob)")
         try:
-            info = parse_seq_state(prefix.kv, self.state_parts)
+            info = self.parse_state(prefix.kv)
             check_seq_state(info, self.expected_state(prefix.n_tokens))
         except PrefixEdgeError as e:
             raise PrefixEdgeError(f"{where}: {e}") from None
@@ -90,9 +153,9 @@ class PrefixFiles:
                                   f"(0..{self.n_vocab - 1})")
 
     def state_blob(self) -> bytes:
-        """Sequence 0's KV as a seq-state blob (after prefill of a prefix), checked."""
-        blob = self.seq_snapshot(0, np.zeros(self.pos, np.int64)).kv.tobytes()
-        check_seq_state(parse_seq_state(blob, self.state_parts), self.expected_state(self.pos))
+        """The one-sequence API's KV as a seq-state blob (after prefill of a prefix), checked."""
+        blob = self.seq_snapshot(self.single_seq, np.zeros(self.pos, np.int64)).kv.tobytes()
+        check_seq_state(self.parse_state(blob), self.expected_state(self.pos))
         return blob
 
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
@@ -114,9 +177,11 @@ def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, s
     meta = {k: str(v) for k, v in metadata.items()}
     n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
     expected = {**(expected or {}), "cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]}
-    info = parse_seq_state(blob, 2 if "swa" in expected else 1)
+    info = parse_seq_state(blob, 2 if "swa" in expected else 1, (expected.get("recurrent") or {}).get("layers", 0))
     check_seq_state(info, expected)
     meta.update({"backend": BACKEND, "state_format": STATE_FORMAT,
                  "state_version": state_version(), "n_layer": str(sum(p.n_layer for p in info.parts)),
                  "v_trans": str(int(info.v_trans)), "kv_type": kv_type, "n_tokens": str(n_cells)})
+    if info.recurrent:
+        meta["recurrent_layers"] = str(len(info.recurrent.layers))
     prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)

@@ -39,6 +39,8 @@ def available_devices() -> list[str]:
 class OnnxBackend(OneSequence):
     name = "onnx"
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
+    n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
+    kv_cells_total = None  # no cache of cells: a sequence's buffers grow with it (kv_bytes)
 
     @classmethod
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
@@ -81,11 +83,15 @@ class OnnxBackend(OneSequence):
         self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
-        self.shared = "seqlens_k" in inputs  # the fused graph: KV extended in place
-        if self.shared and device != "cpu":
+        self.fused = "seqlens_k" in inputs  # the own fused graph: KV extended in place
+        if self.fused and device != "cpu":
             raise PrefixEdgeError(f"{model_path}: the fused ONNX graph runs on the CPU; for CUDA export "
                                   "the bundle with --onnx-builder optimum")
         self.output_names = ["logits", *self.present_names]
+        logits = next((o for o in self.session.get_outputs() if o.name == "logits"), None)
+        if logits is None or not isinstance(logits.shape[-1], int):
+            raise PrefixEdgeError(f"{model_path}: not a decoder graph with a logits output of a fixed vocabulary")
+        self.n_vocab = int(logits.shape[-1])
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
@@ -171,7 +177,7 @@ class OnnxBackend(OneSequence):
         """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
         `store` (prefixfile.KV_STORES)."""
         past, pos = self.seqs[self.single_seq]
-        if self.shared:
+        if self.fused:
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
@@ -200,17 +206,19 @@ class OnnxBackend(OneSequence):
             kv = [t[:, :, :keep] for t in prefix.kv]
             prefix, n = Prefix(prefix.ids[:max(0, keep - prefix.n_virtual)], kv, {}, 0,
                                n_virtual=min(prefix.n_virtual, keep), checked_by=self, pin=False), keep
-        if self.shared:
+        if self.fused:
             home = prefix.home if prefix is not None and prefix.home is not None and \
                 prefix.home[0]() is self else None
             if home is not None and not home[1].busy:
                 home[1].busy = True
                 return home[1], n
-            buf = self._buffer(min(self.n_ctx, _round(n + GROW_MIN)))
+            homing = prefix is not None and prefix.home is None and prefix.pin
+            buf = self._buffer(min(self.n_ctx, _round(n + GROW_MIN)),
+                               most=self._home_positions(n) if homing else None)
             if prefix is not None:
                 for a, kv in zip(buf.arrays, prefix.kv):
                     a[:, :, :n] = kv
-                if prefix.home is None and prefix.pin:
+                if homing:
                     prefix.home = (weakref.ref(self), buf)
                     prefix.kv = [a[:, :, :n] for a in buf.arrays]  # the loaded arrays go
                     self._homes.append((weakref.ref(prefix), buf))
@@ -220,9 +228,30 @@ class OnnxBackend(OneSequence):
         empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
         return [empty] * len(self.past_names), 0
 
-    def _buffer(self, capacity: int) -> "KvBuffer":
-        """A KV buffer of at least `capacity` positions: a spare one (its pages already mapped:
-        a fresh one costs a page fault per 4 KB on first write) or a new one."""
+    def _home_positions(self, n: int) -> int:
+        """The largest buffer a prefix of n positions takes as its home (a bigger spare is
+        left for a longer sequence: the prefix cache never pins a whole context)."""
+        return min(self.n_ctx, 2 * _round(n + GROW_MIN))
+
+    def position_bytes(self) -> int:
+        """Bytes of KV one position holds (every layer's key and value)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * np.dtype(self.kv_dtype).itemsize
+
+    def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
+        """The most host memory a loaded prefix of n_tokens positions holds (its arrays, or
+        the fused graph's home buffer of it)."""
+        return self.position_bytes() * (self._home_positions(n_tokens) if self.fused else n_tokens)
+
+    def spare_info(self) -> dict:
+        """Freed KV buffers kept for reuse: their bytes and the bound (SPARE_BYTES, or
+        SPARE_BUFFERS whole contexts where that is less)."""
+        return {"bytes": sum(b.nbytes for b in list(self._spare)),
+                "budget_bytes": min(SPARE_BYTES, SPARE_BUFFERS * self.n_ctx * self.position_bytes())}
+
+    def _buffer(self, capacity: int, most: int | None = None) -> "KvBuffer":
+        """A KV buffer of at least `capacity` positions (and at most `most`: a prefix's home):
+        a spare one (its pages already mapped: a fresh one costs a page fault per 4 KB on first
+        write) or a new one."""
         alive = []
         for ref, buf in self._homes:  # homes of prefixes gone (not held by a sequence) are spares
             if ref() is not None:
@@ -230,7 +259,7 @@ class OnnxBackend(OneSequence):
             elif not buf.busy:
                 self._recycle(buf)
         self._homes = alive
-        fits = [b for b in self._spare if b.capacity >= capacity]
+        fits = [b for b in self._spare if capacity <= b.capacity <= (most or b.capacity)]
         if fits:
             buf = min(fits, key=lambda b: b.capacity)
             self._spare.remove(buf)
@@ -260,13 +289,13 @@ class OnnxBackend(OneSequence):
 
     def seq_copy(self, src: int, dst: int) -> None:
         past, pos = self.seqs[src]
-        self.seqs[dst] = (past.resized(pos, self._buffer(past.capacity)) if self.shared else list(past), pos)
+        self.seqs[dst] = (past.resized(pos, self._buffer(past.capacity)) if self.fused else list(past), pos)
 
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         """Sequence `seq`'s KV now (all its positions) copied out, as a Prefix seq_restore puts
         back into any sequence (never a buffer's home: it would pin a whole buffer)."""
         past, pos = self.seqs[seq]
-        if self.shared:
+        if self.fused:
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
@@ -282,7 +311,7 @@ class OnnxBackend(OneSequence):
         shared by several sequences (a restored prefix before its first forward) count once."""
         seen, total = set(), 0
         for past, _pos in self.seqs.values():
-            for t in (past.arrays if self.shared else past):
+            for t in (past.arrays if self.fused else past):
                 if id(t) not in seen:
                     seen.add(id(t))
                     total += t.nbytes if isinstance(t, np.ndarray) else \
@@ -319,8 +348,8 @@ class OnnxBackend(OneSequence):
             raise PrefixEdgeError("prefill needs at least one token")
         if pos + n > self.n_ctx:
             raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
-        if self.shared:
-            return self._run_shared(past, pos, ids)
+        if self.fused:
+            return self._run_fused(past, pos, ids)
         b = self.session.io_binding()
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
@@ -341,7 +370,7 @@ class OnnxBackend(OneSequence):
         out = b.get_outputs()
         return np.array(out[0].numpy()[0, -1], dtype=np.float32), out[1:]
 
-    def _run_shared(self, buf: "KvBuffer", pos: int, ids: np.ndarray):
+    def _run_fused(self, buf: "KvBuffer", pos: int, ids: np.ndarray):
         n = ids.shape[1]
         if pos + n > buf.capacity:
             old = buf

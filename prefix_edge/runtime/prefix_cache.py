@@ -21,6 +21,9 @@ class PrefixCache:
         self.fingerprint = fingerprint
         self.capacity = max(0, capacity)
         self._lru: OrderedDict[str, Prefix] = OrderedDict()
+        bound = getattr(backend, "prefix_bytes", lambda n, b: b)
+        self.largest = max((bound(t.prefix_tokens, t.prefixes[backend.name].bytes)
+                            for t in self.manifest.tasks.values() if backend.name in t.prefixes), default=0)
 
     def get(self, task: str) -> tuple[Prefix, bool]:
         """The task's prefix and whether it was already in memory: the bundle checks the file,
@@ -66,6 +69,16 @@ class PrefixCache:
 
         return prefixfile.read_ids(self.bundle.prefix_file(task, self.backend.name, self.fingerprint,
                                                            self.verify))
+
+    def info(self) -> dict:
+        """The prefixes held, their bytes (a fused ONNX graph's: the home buffers), and the
+        budget: `capacity` of the bundle's largest (the engine's prefix_bytes)."""
+        held = {}
+        for p in list(self._lru.values()):
+            home = p.home[1] if p.home is not None else None
+            held[id(home) if home is not None else id(p)] = home.nbytes if home is not None else p.nbytes
+        return {"entries": len(held), "capacity": self.capacity, "bytes": sum(held.values()),
+                "budget_bytes": self.capacity * self.largest}
 
     def clear(self) -> None:
         self._lru.clear()

@@ -46,7 +46,7 @@ class Requests:
 
     @functools.cached_property
     def _n_vocab(self) -> int:
-        return int(getattr(self.backend, "n_vocab", 0) or self.tokenizer.get_vocab_size(True))
+        return int(self.backend.n_vocab)
 
     @functools.cached_property
     def _text_tokenizer(self):

@@ -24,6 +24,10 @@ entry. Entries whose every boundary is also a boundary of a newer entry of the s
 
 Byte-budgeted, least recently used first out. An entry is a host copy that a running request
 holds a reference to: evicting never touches a request in flight.
+
+Optionally persistent (`files`, prompt_files.py): a prompt start that keeps being hit is
+written to disk in the background, and a lookup that misses memory but matches a file loads it
+(checked through) and keeps it here; the file stays.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +90,8 @@ class _Entry:
     prefix: Prefix
     n: int                                   # input tokens it covers (after the root)
     keys: list[bytes] = field(default_factory=list)  # its boundaries' keys, last = its end
+    root: str = ""
+    cuts: tuple[int, ...] = ()
 
 
 class PromptCache:
@@ -99,27 +106,67 @@ class PromptCache:
         self._lock = threading.Lock()
         self.hits = self.misses = self.stored = self.evicted = 0
         self.hit_tokens = 0
+        self.files: Any = None  # the persistent tier (prompt_files.PromptFiles), if any
 
     # -- reading -------------------------------------------------------------------------
     def lookup(self, root: str, ids: np.ndarray, cuts: tuple[int, ...], n_root: int) -> Hit | None:
         """The longest reusable start of `ids` (a chunk end below len(ids)), or None. n_root:
-        the positions before ids (the task's prefix)."""
+        the positions before ids (the task's prefix). Memory first, then the files (if any)
+        for a longer one."""
         if not self.budget or len(ids) < 2:
             return None
-        links = chain(root, ids, cuts, self.chunk)
+        # at least one token is left to prefill (its logits)
+        links = [(end, key) for end, key in chain(root, ids, cuts, self.chunk) if end < len(ids)]
+        files, loaded = self.files, None
+        if files is not None:
+            with self._lock:
+                found = self._find(links)
+            if files.best(links, found[1] if found else 0, self.partial) is not None:
+                loaded = self._load(files, root, links, n_root)
         with self._lock:
-            for end, key in reversed(links):
-                if end >= len(ids):
-                    continue  # at least one token is left to prefill (its logits)
-                for eid in reversed(self._index.get(key, ())):
-                    e = self._lru[eid]
-                    if e.n == end or (self.partial and e.n > end):
-                        self._lru.move_to_end(eid)
-                        self.hits += 1
-                        self.hit_tokens += end
-                        return Hit(e.prefix, end, n_root + end)
-            self.misses += 1
-            return None
+            found = self._find(links)
+            if loaded is not None and (found is None or found[1] < loaded[0]):
+                end, prefix = loaded  # read from a file, not kept in memory (over the budget)
+                key, write = None, None
+            elif found is None:
+                self.misses += 1
+                return None
+            else:
+                eid, end, key = found
+                e = self._lru[eid]
+                self._lru.move_to_end(eid)
+                prefix, write = e.prefix, (e.root, e.prefix.ids[len(e.prefix.ids) - e.n:], e.cuts, e.prefix)
+            self.hits += 1
+            self.hit_tokens += end
+        if files is not None and key is not None and files.hit(key, end):
+            files.write(*write)
+        return Hit(prefix, end, n_root + end)
+
+    def _find(self, links: list) -> tuple[int, int, bytes] | None:
+        """(entry, chunk end, key) of the longest of `links` an entry serves (under the lock)."""
+        for end, key in reversed(links):
+            for eid in reversed(self._index.get(key, ())):
+                e = self._lru[eid]
+                if e.n == end or (self.partial and e.n > end):
+                    return eid, end, key
+        return None
+
+    def _load(self, files, root: str, links: list, n_root: int) -> tuple[int, Any] | None:
+        """The longest start a file holds beyond what memory holds, read and kept in memory:
+        (chunk end, Prefix), or None. A refused file is gone; the next one is tried."""
+        with files.loading:  # one load at a time: a second request for it then finds it here
+            while True:
+                with self._lock:
+                    found = self._find(links)
+                best = files.best(links, found[1] if found else 0, self.partial)
+                if best is None:
+                    return None
+                rec, end = best
+                got = files.load(rec, root, n_root)
+                if got is not None:
+                    ids, cuts, prefix = got
+                    self.put(root, ids, cuts, prefix)  # a copy: the file stays
+                    return end, prefix
 
     def get(self, root: str, ids: np.ndarray, cuts: tuple[int, ...]) -> "_Entry | None":
         """The entry of exactly these ids (a conversation being saved), or None."""
@@ -153,7 +200,7 @@ class PromptCache:
                     if self._lru[eid].keys[-1] in mine:
                         self._drop(eid)
             eid = next(self._ids)
-            self._lru[eid] = _Entry(prefix, len(ids), keys)
+            self._lru[eid] = _Entry(prefix, len(ids), keys, root, tuple(cuts))
             for k in keys:
                 self._index.setdefault(k, []).append(eid)
             self._bytes += prefix.nbytes
@@ -179,8 +226,17 @@ class PromptCache:
             self._index.clear()
             self._bytes = 0
 
+    def close(self) -> None:
+        """Finish the file writes asked for (if any), then drop every entry."""
+        if self.files is not None:
+            self.files.close()
+        self.clear()
+
     def info(self) -> dict:
         with self._lock:
-            return {"entries": len(self._lru), "bytes": self._bytes, "budget_bytes": self.budget,
-                    "hits": self.hits, "misses": self.misses, "hit_tokens": self.hit_tokens,
-                    "stored": self.stored, "evicted": self.evicted, "chunk": self.chunk}
+            out = {"entries": len(self._lru), "bytes": self._bytes, "budget_bytes": self.budget,
+                   "hits": self.hits, "misses": self.misses, "hit_tokens": self.hit_tokens,
+                   "stored": self.stored, "evicted": self.evicted, "chunk": self.chunk}
+        if self.files is not None:
+            out.update(self.files.info())
+        return out

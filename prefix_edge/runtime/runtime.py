@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..bundle import Bundle
+from ..bundle import BACKENDS, Bundle
 from ..errors import PrefixEdgeError
-from .backend import BACKENDS, EngineConfig, Opened
+from .backend import EngineConfig, Opened
 from .engines import engine_class
 from .overlap import beside
 from .prefix_cache import PrefixCache
@@ -65,17 +65,25 @@ class Runtime(Requests):
     def __init__(self, bundle: Bundle, opened: Opened, tokenizer, fingerprint: str,
                  prefix_cache_size: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
-                 verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES):
+                 verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
+                 prompt_cache_disk: tuple[int, int, int] = (0, 2, 256)):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
         self.fingerprint, self.prefill_chunk = fingerprint, prefill_chunk
         self.prompts = PromptCache(prompt_cache_bytes, prefill_chunk, backend.keeps_partial)
+        disk_bytes, disk_hits, disk_tokens = prompt_cache_disk
+        if disk_bytes and prompt_cache_bytes:  # files are read into, and written from, memory
+            from ..paths import prompt_cache_dir
+            from .prompt_files import PromptFiles, root_digest
+
+            self.prompts.files = PromptFiles(prompt_cache_dir(fingerprint, backend.name), disk_bytes, backend,
+                                             fingerprint, prefill_chunk, root_digest(manifest),
+                                             disk_hits, disk_tokens)
         self.prefixes = PrefixCache(bundle, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = opened.n_ctx  # positions one request may use (prefix + input + output)
         self.eos = set(manifest.model.eos_token_ids)
-        self.last_result: Result | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self.shared_kv = opened.shared_kv
         self._sched = Scheduler(backend, slots=slots, queue_size=queue_size,
@@ -91,7 +99,8 @@ class Runtime(Requests):
              queue_size: int = 64, kv_cells: int | None = None,
              resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
              shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
-             turn_cache_bytes: int | None = None) -> "Runtime":
+             turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
+             prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -105,7 +114,11 @@ class Runtime(Requests):
         may change with what else is in the cache (near-tie steps). prompt_cache_bytes:
         host memory for the KV of prompts already read, reused by any later request that starts
         with the same tokens: a conversation's next turn, the same documents or system prompt
-        again (prompt_cache.py; 0: off; turn_cache_bytes is its earlier name). verify: "cached"
+        again (prompt_cache.py; 0: off; turn_cache_bytes is its earlier name).
+        prompt_cache_disk_bytes: disk for the prompts that keep coming back (a hit at the same
+        place prompt_cache_disk_hits times, over at least prompt_cache_disk_tokens input tokens),
+        kept under the home directory so that a new runtime of this model starts warm
+        (prompt_files.py; 0, the default: off; `serve` keeps 2 GiB). verify: "cached"
         reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
         "full" always hashes."""
         from tokenizers import Tokenizer
@@ -117,7 +130,10 @@ class Runtime(Requests):
                                  ("prefill_chunk", prefill_chunk, 1), ("resident_bytes", resident_bytes, 0),
                                  ("n_ctx", n_ctx, 16), ("kv_cells", kv_cells, 64),
                                  ("prompt_cache_bytes", prompt_cache_bytes, 0),
-                                 ("turn_cache_bytes", turn_cache_bytes, 0)):
+                                 ("turn_cache_bytes", turn_cache_bytes, 0),
+                                 ("prompt_cache_disk_bytes", prompt_cache_disk_bytes, 0),
+                                 ("prompt_cache_disk_hits", prompt_cache_disk_hits, 1),
+                                 ("prompt_cache_disk_tokens", prompt_cache_disk_tokens, 1)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
@@ -147,7 +163,8 @@ class Runtime(Requests):
         return cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
                    queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
                    verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
-                   else turn_cache_bytes)
+                   else turn_cache_bytes,
+                   prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens))
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -196,8 +213,7 @@ class Runtime(Requests):
         return [Stream(r, self._finished, self._sched.cancel) for r in [req, *req.siblings]]
 
     def _finished(self, req, finish_reason: str) -> Result:
-        self.last_result = self._result(req, finish_reason)
-        return self.last_result
+        return self._result(req, finish_reason)
 
     def astream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
                 **overrides) -> AsyncStream:
@@ -225,7 +241,7 @@ class Runtime(Requests):
         self._sched.close()
         with self._prefix_lock:
             self.prefixes.clear()
-        self.prompts.clear()
+        self.prompts.close()  # the file writes asked for finish first
 
     def __enter__(self) -> "Runtime":
         return self
@@ -245,12 +261,26 @@ class Runtime(Requests):
         with self._prefix_lock:
             return self.prefixes.drop(task)
 
+    def memory(self) -> dict[str, dict]:
+        """Host memory each of the runtime's stores holds now and its budget, in bytes: the
+        prompt cache, the loaded task prefixes, the resident prefixes (llama.cpp shared_kv:
+        cells of its KV cache) and the engine's spare KV buffers (onnx)."""
+        s = self._sched
+        with self._prefix_lock:
+            prefixes = self.prefixes.info()
+        out = {"prompt_cache": self.prompts.info(), "task_prefixes": prefixes,
+               "resident_prefixes": {"bytes": sum(r["bytes"] for r in s.resident_info().values()),
+                                     "budget_bytes": s.resident_bytes}}
+        if hasattr(self.backend, "spare_info"):
+            out["kv_spares"] = self.backend.spare_info()
+        return {k: {"bytes": v["bytes"], "budget_bytes": v["budget_bytes"]} for k, v in out.items()}
+
     def engine_info(self) -> dict:
         """What the engine holds now: resident prefixes, active/waiting requests, counters."""
         s = self._sched
         cells = s.kv_cells  # shared cache: the cells it counts; a stream per slot: all of them
-        if cells is None:  # llama.cpp: a stream per slot, all of them allocated
-            cells = getattr(self.backend, "kv_cells_total", None)
+        if cells is None:  # llama.cpp: a stream per slot, all of them allocated (ONNX: None)
+            cells = self.backend.kv_cells_total
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),

@@ -54,7 +54,7 @@ class Scheduler:
         self.slots = slots
         self.queue_size = queue_size
         self.prefill_chunk = max(1, prefill_chunk)
-        self.n_batch = getattr(backend, "n_batch", 1 << 30)
+        self.n_batch = backend.n_batch if backend.n_batch is not None else 1 << 30  # None: unbounded
         self.resident_bytes = resident_bytes
         self.free_resident = list(resident_seqs)
         self.free_seqs = list(request_seqs)

@@ -24,7 +24,13 @@ A K row is [n_kv_heads][head_dim] post-RoPE, in llama.cpp's rotation layout.
 A model with sliding-window layers (Gemma 3: llama.cpp's iSWA cache) writes two caches' parts
 after the one magic and seq_id, each laid out as above from n_stream on: the full-attention
 layers' cache (every cell), then the sliding-window layers' cache, which holds only the cells
-still inside the window (the last n_swa positions; llama.cpp leaves out masked cells).
+still inside the window (the last n_swa positions; llama.cpp leaves out masked cells). When
+every layer slides (a small Gemma 3), the full-attention part holds the cells and no layer
+(n_layer 0).
+
+A hybrid model (LFM2, Granite 4.0-H, Falcon-H1: llama.cpp's llama_memory_hybrid) writes its
+attention layers' part as above, then its recurrent layers' state: one cell, the state after
+the last token (seqstate_recurrent.py).
 Writing blobs (and re-laying them for a context's streams) is seqstate_write.py.
 """
 
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import PrefixEdgeError
+from .seqstate_recurrent import RecurrentInfo, check_recurrent, read_recurrent, recurrent_finite
 
 SEQ_STATE_MAGIC = 0xAF143CD8
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 = 0, 1, 30, 8
@@ -76,6 +83,7 @@ class SeqStateInfo:
     nbytes: int = 0
     span: tuple[int, int] = (8, 0)   # [start, end) of this cache's part (from its n_stream on)
     swa: SeqStateInfo | None = None  # an iSWA blob: the sliding-window layers' part, after this one
+    recurrent: RecurrentInfo | None = None  # a hybrid model's recurrent layers' state, after the KV
 
     @property
     def parts(self) -> list[SeqStateInfo]:
@@ -140,9 +148,11 @@ def _view(blob) -> memoryview:
     return memoryview(blob).cast("B")
 
 
-def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: int = 1) -> SeqStateInfo:
+def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: int = 1,
+                    recurrent: int | None = 0) -> SeqStateInfo:
     """Walk a whole blob; raise PrefixEdgeError unless it is one well-formed sequence state of
-    `parts` caches' parts (2: a model with sliding-window layers)."""
+    `parts` KV caches' parts (2: a model with sliding-window layers), then, where `recurrent`
+    is not 0, a recurrent part of that many layers (None: as many as it holds)."""
     buf = _view(blob)
     r = _Reader(buf)
     magic = r.read("<I", "magic")
@@ -151,11 +161,13 @@ def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: in
                               f"expected {SEQ_STATE_MAGIC:#010x}")
     seq_id = r.read("<i", "seq_id")
     found = [_read_part(r, seq_id, k) for k in range(parts)]
+    rec = read_recurrent(r, recurrent) if recurrent != 0 else None
     if r.off != len(buf):
         raise PrefixEdgeError(f"seq-state blob has {len(buf) - r.off} trailing bytes after "
                               f"offset {r.off} (corrupt, or written by another llama.cpp layout)")
     info = found[0]
     info.swa = found[1] if parts == 2 else None
+    info.recurrent = rec
     info.nbytes = len(buf)
     return info
 
@@ -204,7 +216,7 @@ def _read_data(r: _Reader, info: SeqStateInfo) -> None:
     if v_trans > 1:
         raise PrefixEdgeError(f"seq-state blob corrupt: v_trans is {v_trans}, not 0 or 1")
     n_layer = r.read("<I", "n_layer")
-    if not 0 < n_layer <= _MAX_LAYERS:
+    if not 0 <= n_layer <= _MAX_LAYERS:  # 0: the full-attention part of an all-sliding model
         raise PrefixEdgeError(f"seq-state blob corrupt: n_layer is {n_layer}")
     info.v_trans, info.n_layer = bool(v_trans), n_layer
     n = info.cell_count
@@ -238,7 +250,8 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
     Keys of `expected` (each optional): n_layer, cell_count, k_type, v_type, k_row_bytes,
     v_row_bytes, v_trans, n_embd_v_gqa, max_cells, and for a model with sliding-window layers
     swa = {"n_layer": layers in the sliding-window cache, "window": n_swa} (n_layer then counts
-    the full-attention cache's). Positions must be 0..cell_count-1 (the sliding-window part:
+    the full-attention cache's), for a hybrid model recurrent = RecurrentInfo.facts() of its own
+    state (seqstate_recurrent.check_recurrent). Positions must be 0..cell_count-1 (the sliding-window part:
     the last min(cell_count, window) of them) and every cell must belong to exactly one
     sequence, whatever `expected` holds."""
     def bad(what: str, got, want) -> PrefixEdgeError:
@@ -255,6 +268,7 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
         raise bad("sliding-window cache part", "present" if info.swa else "absent",
                   "present" if swa else "absent")
     n = info.cell_count
+    ref = next((lay for part in info.parts for lay in part.layers), None)  # layer facts not in `expected`
     for part, first, n_layer in ((info, 0, expected.get("n_layer")),
                                  (info.swa, max(0, n - int((swa or {}).get("window", 0))), (swa or {}).get("n_layer"))):
         if part is None:
@@ -277,11 +291,12 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
             for key, got, fmt in (("k_type", lay.k_type, type_name), ("v_type", lay.v_type, type_name),
                                   ("k_row_bytes", lay.k_row_bytes, str),
                                   ("v_row_bytes", lay.v_row_bytes, str)):
-                want = expected.get(key, getattr(info.layers[0], key))
+                want = expected.get(key, getattr(ref, key))
                 if got != want:
                     raise bad(f"{where}layer {il} {key}", fmt(got), fmt(want))
             if part.v_trans and "n_embd_v_gqa" in expected and lay.n_embd_v_gqa != expected["n_embd_v_gqa"]:
                 raise bad(f"{where}layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
+    check_recurrent(info.recurrent, expected.get("recurrent"), n)
 
 
 def extract_kv(blob, info: SeqStateInfo | None = None,
@@ -333,7 +348,7 @@ def all_finite(blob, info: SeqStateInfo) -> bool:
     for part in info.parts:
         if not _part_finite(buf, part):
             return False
-    return True
+    return recurrent_finite(buf, info.recurrent)
 
 
 def _part_finite(buf, info: SeqStateInfo) -> bool:

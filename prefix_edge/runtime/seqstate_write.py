@@ -1,6 +1,7 @@
 """Writing llama.cpp sequence-state blobs (the layout is in seqstate.py): a prefix's cells
 from K and V arrays (a PEFT prefix-tuning adapter's KV, baked for the GGUF backend), and a
-bundle's one-stream blobs re-laid for a context with a KV stream per sequence and back."""
+bundle's one-stream blobs re-laid for a context with a KV stream per sequence and back (a
+hybrid model's recurrent part, which has no streams, travels as it is)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..errors import PrefixEdgeError
 from ..quantize.blocks import hadamard
 from .seqstate import (GGML_TYPE_F16, GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, SEQ_STATE_MAGIC,
                        SeqStateInfo, _read_cells, _read_data, _Reader)
+from .seqstate_recurrent import read_recurrent
 
 
 def row_bytes(ggml_type: int, n: int) -> int:
@@ -41,8 +43,9 @@ def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
     arrays [P, n_kv_heads*head_dim] (K post-RoPE in llama.cpp's layout), cached as `kv_type`.
 
     A model with sliding-window layers (`swa_layers`, the indices into k and v, and their
-    `window`): the other layers' part with every cell, then the sliding-window layers' part with
-    the last min(P, window) cells, as llama.cpp writes an iSWA cache.
+    `window`): the other layers' part with every cell (no layer when all slide), then the
+    sliding-window layers' part with the last min(P, window) cells, as llama.cpp writes an
+    iSWA cache.
 
     q8_0: llama.cpp needs flash attention (V untransposed) and may keep a quantized cache's K
     and V rotated, each head by the normalized Hadamard matrix of order `rotation` (0: not
@@ -59,7 +62,7 @@ def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
             raise PrefixEdgeError(f"build_seq_state: {'KV'[i >= len(k)]} layer {i % len(k)} is "
                                   f"{a.dtype}{list(a.shape)}; need float16 [{p}, n_embd]")
     swa = sorted(set(int(i) for i in swa_layers))
-    if swa and (swa[0] < 0 or swa[-1] >= len(k) or len(swa) == len(k) or window < 1):
+    if swa and (swa[0] < 0 or swa[-1] >= len(k) or window < 1):
         raise PrefixEdgeError(f"build_seq_state: sliding-window layers {swa} (window {window}) "
                               f"do not fit {len(k)} layers")
     full = [i for i in range(len(k)) if i not in swa]
@@ -103,7 +106,8 @@ def in_stream(blob: np.ndarray, stream: int, n_stream: int, info: SeqStateInfo |
     """A one-stream blob (as bundles store them) re-laid for a context with `n_stream` KV
     streams (llama.cpp `kv_unified = false`: one stream per sequence), the cells in `stream`:
     each cache's part gets the stream count, then an empty stream (cell_count 0) for every
-    other one. `info` (its parse) is needed for a blob of two caches' parts."""
+    other one; a recurrent part (no streams) as it is. `info` (its parse) is needed for a blob
+    of two caches' parts or with a recurrent part."""
     b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
     if n_stream == 1:
         return b
@@ -115,17 +119,21 @@ def in_stream(blob: np.ndarray, stream: int, n_stream: int, info: SeqStateInfo |
     for start, end in spans:
         pieces += [np.array([n_stream], "<u4").view(np.uint8), *[zeros] * stream, b[start + 4:end],
                    *[zeros] * (n_stream - 1 - stream)]
+    if info is not None and info.recurrent is not None:
+        pieces.append(b[info.recurrent.span[0]:info.recurrent.span[1]])
     return np.concatenate(pieces)
 
 
-def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1) -> np.ndarray:
+def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1,
+                  recurrent: int | None = 0) -> np.ndarray:
     """The inverse of in_stream: the one-stream blob of `stream` from a blob that llama.cpp
-    wrote for a context of `n_stream` KV streams (every other stream empty). With one cache's
-    part, a view of `blob`, whose header bytes it rewrites."""
+    wrote for a context of `n_stream` KV streams (every other stream empty), `parts` KV caches'
+    parts, then a recurrent part of `recurrent` layers (seqstate.parse_seq_state). With one
+    cache's part and no recurrent one, a view of `blob`, whose header bytes it rewrites."""
     b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
     if n_stream == 1:
         return b
-    if parts == 1:
+    if parts == 1 and recurrent == 0:
         tail = 4 * (n_stream - 1 - stream)
         at = 12 + 4 * stream
         if b.size < at + 4 + tail or int(b[8:12].view("<u4")[0]) != n_stream or \
@@ -154,6 +162,12 @@ def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1) 
             raise PrefixEdgeError("seq-state blob: not a blob of one sequence's stream")
         pieces += [np.array([1], "<u4").view(np.uint8), b[start:r.off]]
         off = end
+    if recurrent != 0:
+        r = _Reader(memoryview(b))
+        r.off = off
+        read_recurrent(r, recurrent)
+        pieces.append(b[off:r.off])
+        off = r.off
     if off != b.size:
         raise PrefixEdgeError("seq-state blob: trailing bytes after its caches' parts")
     return np.concatenate(pieces)

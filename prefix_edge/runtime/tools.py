@@ -68,7 +68,8 @@ def check_tools(tools, tool_choice) -> ToolSpec | None:
         raise PrefixEdgeError("tools: two functions have the same name")
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type", "function") == "function" else None
+        f = choice.get("function") if choice.get("type", "function") == "function" else None
+        name = f.get("name") if isinstance(f, dict) else None
         if name not in names:
             raise PrefixEdgeError(f"tool_choice names {name!r}, which is not in tools")
         return ToolSpec(out, "function", name)
@@ -153,6 +154,8 @@ def _args(a):
             return json.loads(a)
         except ValueError:
             return a
+        except RecursionError:
+            raise PrefixEdgeError("a tool call's arguments nest lists and objects too deep") from None
     return a
 
 

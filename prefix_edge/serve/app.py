@@ -2,6 +2,7 @@
 
     GET  /health, /metrics (Prometheus text), /v1/models, /v1/models/{id}, /v1/responses/{id}
     POST /v1/chat/completions, /v1/completions (completions.py), /v1/responses (responses.py)
+    DELETE /v1/responses/{id}
 
 One Runtime serves every request (its scheduler batches them). A task is a model; the model
 `base` is the bundle's model with no task prefix. A chat request's messages (system, history)
@@ -24,6 +25,7 @@ from .completions import BASE_MODEL, Completions
 from .limits import BODY_TIMEOUT, MAX_BODY, BodyLimits
 from .metrics import Metrics
 from .responses import Responses
+from .store import StoredResponses
 
 
 class ServerState:
@@ -54,7 +56,10 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 
 
 def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None,
-               max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+               max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
+               stored_responses=None) -> FastAPI:
+    """`stored_responses`: where /v1/responses keeps stored responses (default: this process's
+    own; `serve --ray` shares them between replicas, cluster/store.py)."""
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     state = ServerState()
@@ -79,17 +84,25 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
     @app.get("/metrics")
     async def prom():
-        return PlainTextResponse(metrics.render(rt.engine_info()),
+        return PlainTextResponse(metrics.render(rt.engine_info(), memory()),
                                  media_type="text/plain; version=0.0.4")
+
+    def memory() -> dict:
+        """Each store's bytes and budget: the runtime's, and the stored responses (when they
+        are this process's: store.py)."""
+        out = dict(rt.memory())
+        if isinstance(responder.stored, StoredResponses):
+            out["stored_responses"] = responder.stored.info()
+        return out
 
     def model_card(name: str) -> dict:
         if name not in tasks:  # the base model
             return {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
-                    "kind": "base", "prefix_tokens": 0, "prefix_bytes": 0,
+                    "kind": "base", "chat": True, "prefix_tokens": 0, "prefix_bytes": 0,
                     "source": rt.manifest.model.source}
         t = tasks[name]
         return {"id": name, "object": "model", "created": created, "owned_by": "prefix-edge",
-                "kind": t.kind, "prefix_tokens": t.prefix_tokens,
+                "kind": t.kind, "chat": t.chat, "prefix_tokens": t.prefix_tokens,
                 "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
 
     names = sorted(tasks) + ([BASE_MODEL] if BASE_MODEL not in tasks else [])
@@ -115,7 +128,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
                      .get(exc.status_code), headers=getattr(exc, "headers", None))
 
     completer = Completions(rt, metrics, state, error)
-    responder = Responses(rt, metrics, state, error)
+    responder = Responses(rt, metrics, state, error, stored_responses)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -132,6 +145,10 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str):
         return responder.get(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return responder.delete(response_id)
 
     app.state.metrics = metrics
     app.state.server = state

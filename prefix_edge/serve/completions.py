@@ -22,22 +22,12 @@ from fastapi.responses import StreamingResponse
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from ..runtime.tools import ENDED, AnswerRouter
-from .schema import ApiError, api_error, chat_messages, check_strings, completion_params
+from .fields import COMPLETION_FIELDS, check_fields, read_body
+from .schema import ApiError, api_error, chat_messages, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
 DISCONNECTED = 499  # counted in /metrics for a client that left before its answer
 BASE_MODEL = "base"  # the bundle's model itself, no task prefix (a plain chat model)
-
-
-def read_body(raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ApiError(400, "the request body is not valid JSON")
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    check_strings(body)
-    return body
 
 
 def task_of(body: dict, tasks, seen: dict, chat: bool = True) -> str | None:
@@ -193,6 +183,7 @@ class Completions:
         seen = {"model": ""}
         try:
             body = read_body(raw)
+            check_fields(body, COMPLETION_FIELDS)
             task = task_of(body, self.tasks, seen, chat)
             if chat:
                 text, messages = None, chat_messages(body)
@@ -222,6 +213,10 @@ class Completions:
                 if kind == "error":
                     for h in handles:
                         h.cancel()
+                    if isinstance(value, OptionError):  # the request's own option failed at a step
+                        e = api_error(value)
+                        metrics.count(model, 400)
+                        return error(400, e.message, param=e.param)
                     metrics.count(model, 500)
                     return error(500, str(value), "server_error")
                 if kind == "done":
@@ -284,8 +279,8 @@ class Completions:
                 return {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
             return {"index": i, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
-        def failure(message: str, type_: str, code: str | None) -> str:
-            err = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        def failure(message: str, type_: str, code: str | None, param: str | None = None) -> str:
+            err = {"error": {"message": message, "type": type_, "param": param, "code": code}}
             return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n"
 
         results = [None] * len(handles)
@@ -300,6 +295,11 @@ class Completions:
                 yield frame([delta(i, None, None, role=True) for i in range(len(handles))])
             async for i, what, value in merged(handles):
                 if what == "error":
+                    if isinstance(value, OptionError):  # the request's own option failed at a step
+                        e = api_error(value)
+                        metrics.count(model, 400)
+                        yield failure(e.message, "invalid_request_error", None, e.param)
+                        return
                     metrics.count(model, 500)
                     yield failure(str(value), "server_error", None)
                     return

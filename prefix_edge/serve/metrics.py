@@ -36,7 +36,9 @@ class Metrics:
             self.ttft_counts[i] += 1
             self.ttft_sum_ms += s.ttft_ms
 
-    def render(self, engine: dict) -> str:
+    def render(self, engine: dict, memory: dict | None = None) -> str:
+        """The counters, the engine's gauges and `memory`: {store: {bytes, budget_bytes}} (each
+        store the server keeps, docs/server.md "What bounds the server's memory")."""
         with self._lock:
             out = ["# TYPE prefix_edge_requests_total counter"]
             for (model, status), n in sorted(self.requests.items()):
@@ -79,4 +81,24 @@ class Metrics:
                 f"prefix_edge_prompt_cache_bytes {prompts.get('bytes', 0)}",
                 "# TYPE prefix_edge_prompt_cache_budget_bytes gauge",
                 f"prefix_edge_prompt_cache_budget_bytes {prompts.get('budget_bytes', 0)}"]
+        if "disk_files" in prompts:  # the persistent tier (serve --prompt-cache-disk)
+            for name, kind, key in (("files", "gauge", "disk_files"), ("bytes", "gauge", "disk_bytes"),
+                                    ("budget_bytes", "gauge", "disk_budget_bytes"),
+                                    ("loads_total", "counter", "disk_loads"),
+                                    ("writes_total", "counter", "disk_writes"),
+                                    ("refused_total", "counter", "disk_refused")):
+                out += [f"# TYPE prefix_edge_prompt_cache_disk_{name} {kind}",
+                        f"prefix_edge_prompt_cache_disk_{name} {prompts.get(key, 0)}"]
+        if memory:
+            out.append("# TYPE prefix_edge_memory_bytes gauge")
+            out += [f'prefix_edge_memory_bytes{{store="{k}"}} {v["bytes"]}' for k, v in sorted(memory.items())]
+            out.append("# TYPE prefix_edge_memory_budget_bytes gauge")
+            out += [f'prefix_edge_memory_budget_bytes{{store="{k}"}} {v["budget_bytes"]}'
+                    for k, v in sorted(memory.items())]
+            stored = memory.get("stored_responses")
+            if stored and "count" in stored:
+                out += ["# TYPE prefix_edge_stored_responses gauge",
+                        f"prefix_edge_stored_responses {stored['count']}",
+                        "# TYPE prefix_edge_stored_responses_max gauge",
+                        f"prefix_edge_stored_responses_max {stored['max_count']}"]
         return "\n".join(out) + "\n"

@@ -1,16 +1,17 @@
-"""POST /v1/responses (and GET /v1/responses/{id}): OpenAI's Responses API, the text subset
-the openai SDK, its agents and LangChain's Responses path send.
+"""POST /v1/responses (and GET / DELETE /v1/responses/{id}): OpenAI's Responses API, the text
+subset the openai SDK, its agents and LangChain's Responses path send.
 
 `input` is a string (one user message) or a list of message items ({role, content} with
 `input_text` / `output_text` parts, `type: "message"` optional); `instructions` is a system
 message before them; `previous_response_id` continues a stored response (its input and output
-come first; responses are kept in memory, the last MAX_STORED, unless `store: false`).
+come first; responses are kept in memory unless `store: false`, store.py: as JSON, so a chain
+from one never changes it, the last MAX_STORED within STORED_BYTES).
 Streaming sends the typed events (response.created ... response.output_text.delta ...
 response.completed), each with its sequence_number. Function tools (`tools`, `tool_choice`)
 work as on chat completions (runtime/tools.py): a call is a `function_call` output item (with
 `response.function_call_arguments.*` events when streamed; with tools offered an answer is held
 until it is clearly a message; a guided call streams its arguments as they are written), and `function_call` / `function_call_output` input items are the
-history.
+history. Every field's JSON shape is checked first (fields.py).
 """
 
 from __future__ import annotations
@@ -19,27 +20,31 @@ import asyncio
 import json
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import Response
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..options import CONSTRAINTS, OptionError
 from ..runtime.tools import AnswerRouter
-from .completions import (DISCONNECTED, LogprobFormat, admit, read_body, sse, start, task_of,
-                          watch_disconnect)
+from .completions import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
+from .fields import RESPONSE_FIELDS, check_fields, read_body
 from .schema import ApiError, completion_params, response_format
+from .store import MAX_STORED, StoredResponses
 
-MAX_STORED = 256
-# accepted fields beyond the sampling ones (values that change nothing here, or are checked below)
-FIELDS = {"model", "input", "instructions", "stream", "max_output_tokens", "temperature", "top_p",
-          "tools", "tool_choice", "parallel_tool_calls", "text", "store", "previous_response_id",
-          "metadata", "user", "truncation", "reasoning", "include", "top_logprobs", "service_tier",
-          "prompt_cache_key", "safety_identifier", "stream_options", "background", "seed",
-          "max_tool_calls", "prompt_cache_retention"}
+# accepted fields (fields.py: the JSON shape of each); those not read here change nothing
+FIELDS = set(RESPONSE_FIELDS)
+
+
+def _copy(value):
+    """A deep copy of stored JSON data (what the store holds never reaches a request)."""
+    return json.loads(json.dumps(value))
 
 
 def _messages(body: dict, history: list) -> list:
+    """This request's conversation: `history` (a stored one's copy, itself never changed: a new
+    list, new messages), `instructions` first, the input items after."""
     msgs = list(history)
     ins = body.get("instructions")
     if ins is not None:
@@ -58,8 +63,9 @@ def _messages(body: dict, history: list) -> list:
         if kind == "function_call":  # an earlier call: an assistant turn with tool_calls
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
-            if msgs and msgs[-1].get("role") == "assistant" and msgs[-1].get("tool_calls"):
-                msgs[-1]["tool_calls"].append(call)
+            last = msgs[-1] if msgs else {}
+            if last.get("role") == "assistant" and last.get("tool_calls"):
+                msgs[-1] = {**last, "tool_calls": [*last["tool_calls"], call]}
             else:
                 msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -94,18 +100,29 @@ def _tools(body: dict) -> dict:
 
 
 class Responses:
-    def __init__(self, rt, metrics, state, error):
+    def __init__(self, rt, metrics, state, error, stored=None):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
         self.tasks = rt.tasks
-        self.stored: OrderedDict[str, tuple[dict, list]] = OrderedDict()  # id -> (response, messages)
+        # id -> (response, messages): store.py's own, or an OrderedDict that also shares them
+        # (cluster/store.py)
+        self.stored = StoredResponses() if stored is None else stored
         self.lp = LogprobFormat(rt)
 
+    def _missing(self, response_id: str):
+        return self.error(404, f"no stored response `{response_id}`", param="response_id",
+                          code="not_found")
+
     def get(self, response_id: str):
+        raw = self.stored.raw(response_id) if isinstance(self.stored, StoredResponses) else None
+        if raw is not None:
+            return Response(raw, media_type="application/json")  # as stored, byte for byte
         got = self.stored.get(response_id)
-        if got is None:
-            return self.error(404, f"no stored response `{response_id}`", param="response_id",
-                              code="not_found")
-        return got[0]
+        return self._missing(response_id) if got is None else got[0]
+
+    def delete(self, response_id: str):
+        if self.stored.pop(response_id, None) is None:
+            return self._missing(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     def parse(self, raw: bytes) -> tuple:
         seen = {"model": ""}
@@ -114,6 +131,7 @@ class Responses:
             unknown = sorted(set(body) - FIELDS)
             if unknown:
                 raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+            check_fields(body, RESPONSE_FIELDS)
             task = task_of(body, self.tasks, seen)
             tools = _tools(body)
             tx = body.get("text") or {}
@@ -123,10 +141,11 @@ class Responses:
             history = []
             prev = body.get("previous_response_id")
             if prev is not None:
-                if prev not in self.stored:
+                got = self.stored.get(prev)
+                if got is None:
                     raise ApiError(404, f"no stored response `{prev}`", "previous_response_id",
                                    "previous_response_not_found")
-                history = self.stored[prev][1]
+                history = _copy(got[1])
             messages = _messages(body, history)
             sampling = {k: body[k] for k in ("temperature", "top_p", "seed") if k in body}
             if body.get("max_output_tokens") is not None:
@@ -144,7 +163,7 @@ class Responses:
             return seen["model"], handle, body, messages, stream, store
         except ApiError as e:
             e.param = {"messages": "input", "max_tokens": "max_output_tokens",
-                       "response_format": "text"}.get(e.param, e.param)
+                       "response_format": "text.format"}.get(e.param, e.param)
             e.model = seen["model"]
             raise
         except (RuntimeBusy, RuntimeClosed) as e:
@@ -192,9 +211,9 @@ class Responses:
         if store:
             reply = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
                 {"role": "assistant", "content": text}
-            self.stored[rid] = (resp, messages + [reply])
-            while len(self.stored) > MAX_STORED:
-                self.stored.popitem(last=False)
+            self.stored[rid] = (resp, messages + [reply])  # store.py keeps it as JSON, in its budgets
+            while not isinstance(self.stored, StoredResponses) and len(self.stored) > MAX_STORED:
+                self.stored.popitem(last=False)  # an OrderedDict given instead
 
     async def create(self, request: Request):
         state, metrics, error = self.state, self.metrics, self.error
@@ -211,6 +230,9 @@ class Responses:
         try:
             async for chunk in h:
                 parts.append(chunk)
+        except OptionError as e:  # the request's own option (text.format) failed at a step
+            metrics.count(model, 400)
+            return error(400, str(e), param="text.format" if e.field in CONSTRAINTS else e.field)
         except PrefixEdgeError as e:
             metrics.count(model, 500)
             return error(500, str(e), "server_error")

@@ -13,7 +13,8 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
-# accepted and ignored (they do not change the answer)
+# the fields of chat/completions and completions (fields.py: the JSON shape of each; those not
+# read here are accepted and ignored: they do not change the answer)
 IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n", "metadata",
            "store", "parallel_tool_calls", "service_tier", "echo", "logprobs", "top_logprobs",
            "suffix", "best_of", "max_tokens", "max_completion_tokens", "temperature", "top_p",
@@ -21,28 +22,6 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
            "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
            "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio"}
-
-
-def check_strings(body, where: str = "") -> None:
-    """Every string in the body (keys too) must be text: a lone surrogate ("\\ud800") is a 400
-    naming the field, never a 500 when it is tokenized or echoed back."""
-    stack = [(where, body)]
-    while stack:
-        path, v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as e:
-                field = path or "body"
-                raise ApiError(400, f"`{field}` is not valid text: a lone surrogate at character "
-                               f"{e.start}", (path.split(".")[0].split("[")[0]) or None)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                if isinstance(k, str):
-                    stack.append((path, k))
-                stack.append((f"{path}.{k}" if path else str(k), x))
-        elif isinstance(v, list):
-            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
 
 
 def _int(body: dict, key: str, lo: int, hi: int) -> int | None:

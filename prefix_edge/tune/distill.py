@@ -70,7 +70,7 @@ def _teacher_answers(answer, rows: list[Example], bar, label: str, workers: int 
 def _bundle_teacher(bundle: Path | None, backend: str, task: str, hf):
     """A Runtime over the bundle's copy of `task`, once it is checked to be `hf`'s task."""
     from ..bundle import Bundle
-    from ..evaluation.reference import check_same_task
+    from .reference import check_same_task
     from ..runtime.runtime import Runtime
 
     try:

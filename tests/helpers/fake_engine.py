@@ -7,6 +7,10 @@ state gives what its prefill gave, and one sequence's answer never depends on an
 `gate`: when set, every forward first takes one permit from it, so a test can hold the engine
 between steps (and release one step at a time; `held` is set while a forward waits there).
 `log`: each forward's items, in order.
+
+It implements the whole engine protocol (runtime/backend.py `Engine`;
+tests/test_engine_protocol.py checks): prefix files go through the real prefix-file codec, the
+state stored as the token ids it holds.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import threading
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
+from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.backend import OneSequence
+from prefix_edge.runtime.backend import OneSequence, Opened, fit_prefix
 from prefix_edge.runtime.prefix import Prefix
 
 N_VOCAB = 64
 EOS = 0
+STATE = "fake_state"  # a prefix file's tensor: the ids at its positions (virtual ones too)
 
 
 def tokenizer(n_vocab: int = N_VOCAB) -> Tokenizer:
@@ -41,6 +47,15 @@ class FakeEngine(OneSequence):
     threads = 1
     n_layers, n_kv_heads, head_dim, kv_dtype_name = 1, 1, 1, "int64"
     single_seq = -1
+    kv_cells_total = None  # no cache of cells (as ONNX)
+
+    @classmethod
+    def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg) -> Opened:
+        """A fake engine sized as `cfg` asks (no model file is read): a sequence per slot."""
+        n_ctx = min(bundle.manifest.model.n_ctx, cfg.n_ctx or bundle.manifest.model.n_ctx)
+        fit_prefix(cfg.longest_prefix, n_ctx)
+        engine = cls(n_ctx=n_ctx, n_batch=max(256, cfg.prefill_chunk))
+        return Opened(engine, n_ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, n_vocab: int = N_VOCAB, n_ctx: int = 512, n_batch: int = 256,
                  keeps_partial: bool = True, eos_bias: float = 0.0):
@@ -109,6 +124,33 @@ class FakeEngine(OneSequence):
 
     def close(self) -> None:
         self.closed = True
+
+    # -- prefixes in and out ---------------------------------------------------------------
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
+        if meta.get("backend", self.name) != self.name:
+            raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not {self.name}")
+        prefixfile.require(tensors, [prefixfile.IDS, STATE], where)
+        ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
+        state = [int(t) for t in np.asarray(tensors[STATE]).reshape(-1)]
+        n_virtual = prefixfile.n_virtual(meta, where)
+        if len(state) != n_virtual + len(ids) or any(not 0 <= t < self.n_vocab for t in state):
+            raise PrefixEdgeError(f"{where}: the prefix state does not fit this engine")
+        return Prefix(ids, state, dict(meta), 8 * len(state), n_virtual=n_virtual, checked_by=self)
+
+    def load_prefix(self, path) -> Prefix:
+        tensors, meta = prefixfile.read(path)
+        return self.prefix_from(tensors, meta, str(path))
+
+    def read_prefix_ids(self, path) -> np.ndarray:
+        return prefixfile.read_ids(path)
+
+    def save_prefix(self, path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """The one-sequence API's state (a prefilled prefix) as a prefix file."""
+        self.write_snapshot(path, self.seq_snapshot(self.single_seq, ids), metadata)
+
+    def write_snapshot(self, path, prefix: Prefix, metadata: dict[str, str]) -> None:
+        prefixfile.write(path, prefix.ids, {STATE: np.asarray(prefix.kv, np.int64)},
+                         {**metadata, "n_virtual": str(prefix.n_virtual), "backend": self.name})
 
     def state_info(self) -> dict:
         return {"kind": "fake"}

@@ -1,5 +1,6 @@
 """The fp32 reference for `prefix-edge eval --reference`: the task rebuilt from its source (task
-file + base model, + PEFT adapter) in transformers (tune/hf_task.py).
+file + base model, + PEFT adapter) in transformers (hf_task.py). Here, beside HFTask, and not in
+evaluation/: it needs the export extra (tune/, export/), which evaluation/ sits above.
 
 The source must be the one the bundle was exported from: the task's rendering (chat, wrapping,
 template), its prefix token ids and its adapter's sha256 are compared with the bundle, and any
@@ -14,11 +15,11 @@ from ..bundle import Bundle
 from ..errors import PrefixEdgeError
 from ..tasks import load_tasks
 from ..options import resolve
-from .run import Answer
+from ..evaluation.run import Answer
 
 
 def check_same_task(hf, bundle: Bundle, task: str, what: str) -> None:
-    """Refuse unless `hf` (an tune.hf_task.HFTask) is the bundle's `task`: the same kind,
+    """Refuse unless `hf` (an HFTask) is the bundle's `task`: the same kind,
     rendering, prefix token ids and adapter."""
     info, spec, r = bundle.tasks[task], hf.spec, hf.rendered
     baked = bundle.prefix_ids(task).tolist()
@@ -39,7 +40,7 @@ def open_reference(bundle: Bundle, task: str, tasks_file: Path | None, base: Pat
 
     if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")):
         raise PrefixEdgeError("--reference needs the export extra: pip install 'prefix-edge[export]'")
-    from ..tune.hf_task import HFTask
+    from .hf_task import HFTask
     from ..export.source import DEFAULT_GGUF, default_model_path
     from ..paths import default_tasks_file
 

@@ -1,0 +1,79 @@
+"""Tiny seeded random models of the 2025-26 on-device families that llama.cpp runs and the own
+ONNX graph does not build yet: the hybrids LFM2 (short-convolution blocks + attention),
+Granite 4.0-H (Mamba2 + attention, dense MLP) and Falcon-H1 (Mamba2 beside attention in every
+layer), and the dense EXAONE 4.0, Hunyuan dense and OLMo 2, plus a Gemma 3 whose every layer
+slides. Each in its published config's shape (hidden 64, 4 heads, 2 KV heads), with the byte-level
+BPE tokenizer and ChatML template of tests/helpers/archs.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .archs import train_tokenizer
+
+# kind -> (transformers class, config extras, recurrent layers llama.cpp keeps a state for)
+FAMILIES = {
+    # LFM2: layer_types "conv" (short convolution, a 2-token window: conv_L_cache 3) / "full_attention"
+    "lfm2": ("Lfm2ForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
+        block_auto_adjust_ff_dim=False, norm_eps=1e-5, tie_word_embeddings=True, rope_theta=1e6), 3),
+    # Granite 4.0-H micro's shape: Mamba2 + attention, no RoPE, a dense MLP (its dense variants set
+    # num_local_experts = num_experts_per_tok = 0), Granite's multipliers
+    "granitehybrid": ("GraniteMoeHybridForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"],
+        num_local_experts=0, num_experts_per_tok=0, shared_intermediate_size=128,
+        mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2, mamba_chunk_size=16, position_embedding_type="nope",
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+        logits_scaling=8.0, tie_word_embeddings=True, rms_norm_eps=1e-5), 3),
+    # Falcon-H1: a Mamba2 block beside attention in every layer, an explicit head_dim
+    "falconh1": ("FalconH1ForCausalLM", dict(
+        head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16, mamba_rms_norm=True,
+        mamba_norm_before_gate=False, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=1e5), 2),
+    # EXAONE 4.0 (q/k norms, post-norms) with the config's sliding_window set: llama.cpp reads
+    # the window (n_swa 4096) and keeps no sliding-window cache (only its 64-layer 32B does);
+    # the window is past the context, so transformers' sliding layers attend to everything too
+    "exaone4": ("Exaone4ForCausalLM", dict(
+        head_dim=16, sliding_window=4096, sliding_window_pattern=4, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope_theta=1e6), 0),
+    "hunyuan": ("HunYuanDenseV1ForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=1e4, eod_token_id=None), 0),
+    "olmo2": ("Olmo2ForCausalLM", dict(tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=5e5), 0),
+    # a small Gemma 3 whose every layer slides (no global layer): llama.cpp's full-attention
+    # cache then holds the cells and no layer
+    "gemma3-sliding": ("Gemma3ForCausalLM", dict(
+        head_dim=16, rope_theta=1e6, rope_local_base_freq=10000.0, sliding_window=8,
+        layer_types=["sliding_attention"] * 2, query_pre_attn_scalar=16, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh"), 0),
+}
+
+
+def build_family(kind: str, out: Path, **overrides):
+    """FAMILIES[kind] (config extras updated by `overrides`), seeded, saved in `out` with its
+    tokenizer; returns (model, tokenizer)."""
+    import torch
+    import transformers
+
+    cls_name, extras, _ = FAMILIES[kind]
+    tokenizer = train_tokenizer("gpt2")
+    # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
+    vocab = -(-len(tokenizer) // 8) * 8 if kind == "granitehybrid" else len(tokenizer)
+    cls = getattr(transformers, cls_name)
+    config = cls.config_class(**{
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id, **extras, **overrides})
+    torch.manual_seed(0)
+    model = cls(config)
+    with torch.no_grad():  # HF inits biases to 0 and norms to 1: randomize so both are tested
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return model, tokenizer

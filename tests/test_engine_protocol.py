@@ -1,0 +1,112 @@
+"""The engine protocol (runtime/backend.py `Engine`) is the whole contract: every member it
+declares is defined by both engines and by the scheduler tier's fake engine, and the
+one-sequence API's sequence is none of the requests' wherever the engine has one to spare."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import numpy as np
+import pytest
+
+from prefix_edge.runtime.backend import Engine, EngineConfig
+from prefix_edge.runtime.llama import LlamaBackend
+from prefix_edge.runtime.onnx import OnnxBackend
+from tests.helpers.fake_engine import FakeEngine
+
+ENGINES = [FakeEngine, OnnxBackend, LlamaBackend]
+
+
+def declared() -> tuple[set[str], set[str]]:
+    """(attributes, calls) the protocol declares."""
+    calls = {n for n, v in vars(Engine).items()
+             if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, classmethod))}
+    return set(Engine.__annotations__), calls
+
+
+def assigned(cls) -> set[str]:
+    """Names a class (or a class it derives from) defines: class attributes, properties and
+    methods, and every `self.NAME = ...` in its methods."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        names |= set(vars(klass))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in targets:
+                for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
+                        names.add(el.attr)
+    return names
+
+
+def test_the_protocol_declares_what_its_users_ask():
+    attrs, calls = declared()
+    assert {"n_batch", "n_vocab", "kv_cells_total", "single_seq", "n_ctx", "keeps_partial"} <= attrs
+    assert {"from_bundle", "seq_restore", "seq_copy", "seq_snapshot", "forward", "seq_free", "seq_pos",
+            "prefix_from", "load_prefix", "read_prefix_ids", "save_prefix", "write_snapshot",
+            "state_info", "close"} <= calls
+
+
+@pytest.mark.parametrize("cls", ENGINES, ids=lambda c: c.__name__)
+def test_every_engine_defines_every_member(cls):
+    attrs, calls = declared()
+    have = assigned(cls)
+    assert sorted(attrs - have) == [], f"{cls.__name__} lacks attributes of the protocol"
+    assert sorted(c for c in calls if not callable(getattr(cls, c, None))) == [], \
+        f"{cls.__name__} lacks calls of the protocol"
+
+
+def test_fake_engine_prefix_files_round_trip(tmp_path):
+    """The fake's prefix files go through the real codec: what it saves, it loads as it was."""
+    be = FakeEngine()
+    be.begin(None)
+    be.prefill(np.arange(3, 9, dtype=np.int64))
+    be.save_prefix(tmp_path / "p.safetensors", np.arange(3, 9, dtype=np.int64), {"task": "t"})
+    prefix = be.load_prefix(tmp_path / "p.safetensors")
+    assert prefix.kv == list(range(3, 9)) and prefix.ids.tolist() == list(range(3, 9))
+    assert be.read_prefix_ids(tmp_path / "p.safetensors").tolist() == list(range(3, 9))
+    seq = 0
+    assert be.seq_restore(seq, prefix) == 6
+    assert np.array_equal(be.forward([(seq, 6, np.array([1]))])[0], be.step(1))
+
+
+@pytest.mark.parametrize("backend, shared_kv", [("onnx", False), ("gguf", False), ("gguf", True)],
+                         ids=["onnx", "gguf", "gguf-shared_kv"])
+def test_engines_from_a_bundle_keep_the_contract(bundle_int4, backend, shared_kv):
+    """Each engine as Runtime.open builds it: every declared member on the instance, logits of
+    n_vocab, and the one-sequence API's sequence: none of the requests' where the engine has
+    one to spare (ONNX, llama.cpp's shared cache), the first slot's where it has not."""
+    from prefix_edge.bundle import Bundle
+    from prefix_edge.runtime.engines import engine_class
+
+    bundle = Bundle.open(bundle_int4)
+    _, hashes = bundle.check_model(backend)
+    longest = max(t.prefix_tokens for t in bundle.tasks.values())
+    opened = engine_class(backend).from_bundle(bundle, hashes, EngineConfig(
+        threads=1, slots=2, shared_kv=shared_kv, longest_prefix=longest))
+    be = opened.engine
+    try:
+        attrs, _ = declared()
+        assert sorted(a for a in attrs if not hasattr(be, a)) == []
+        assert be.n_batch is None if backend == "onnx" else be.n_batch >= 1
+        assert be.kv_cells_total is None if backend == "onnx" else be.kv_cells_total >= opened.n_ctx
+        spare = backend == "onnx" or shared_kv
+        taken = set(opened.request_seqs) | set(opened.resident_seqs)
+        assert (be.single_seq not in taken) if spare else (be.single_seq == opened.request_seqs[0])
+        request = opened.request_seqs[-1]
+        assert be.seq_restore(request, None) == 0
+        logits = be.forward([(request, 0, np.array([1, 2, 3], np.int64))])[0]
+        assert logits.shape == (be.n_vocab,)
+        be.begin(None)
+        be.prefill(np.array([5, 6, 7, 8], np.int64))
+        assert be.seq_pos(be.single_seq) == 4
+        assert be.seq_pos(request) == 3  # the request's sequence is as it was
+        assert be.forward([(request, 3, np.array([4], np.int64))])[0].shape == (be.n_vocab,)
+    finally:
+        be.close()
