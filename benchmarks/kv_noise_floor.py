@@ -28,7 +28,7 @@ def perturbed(be, prefix, rng):
         kv = [(a * (1 + np.float32(2.0 ** -23) * rng.choice(np.float32([-1, 1]), size=a.shape))).astype(a.dtype)
               for a in prefix.kv]
     else:  # llama.cpp f16 cells: ±1 on the bit pattern of every normal, nonzero value
-        from prefix_edge.runtime.seqstate import parse_seq_state
+        from prefix_edge.llamacpp.seqstate import parse_seq_state
 
         kv = np.array(prefix.kv)
         info = parse_seq_state(kv)

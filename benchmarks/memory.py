@@ -58,7 +58,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge.bundle import Manifest
     from prefix_edge.paths import default_bundle
-    from prefix_edge.runtime.cpus import default_threads
+    from prefix_edge.runtime.engines.cpus import default_threads
 
     root = args.bundle or default_bundle()
     manifest = Manifest.read(root)

@@ -29,7 +29,7 @@ def default_bundle() -> Path:
 
 
 def prompt_cache_dir(fingerprint: str, backend: str) -> Path:
-    """The prompt cache's files for one model and engine (runtime/prompt_files.py)."""
+    """The prompt cache's files for one model and engine (runtime/cache/prompt_files.py)."""
     safe = "".join(c for c in fingerprint if c.isalnum())[:32] or "unknown"
     return home() / "prompt-cache" / safe / backend
 

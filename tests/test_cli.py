@@ -19,7 +19,7 @@ def test_json_schema(bundle_fp32):
     for k in ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms"):
         assert isinstance(out["stats"][k], (int, float)), k
     assert out["stats"]["prefix_tokens"] > 0 and out["stats"]["input_tokens"] > 0
-    from prefix_edge.runtime.cpus import default_threads
+    from prefix_edge.runtime.engines.cpus import default_threads
 
     from prefix_edge import Runtime
 

@@ -14,14 +14,7 @@ LAYOUT = ROOT / "docs" / "code-layout.md"
 
 # Imports against the layer order, each to be resolved at its seam (and then removed here: an
 # exception that no longer occurs fails the test, so this list only shrinks).
-KNOWN_UPWARD = {
-    # TODO(issue 37): quantize/gguf.py runs llama.cpp's quantizer through the runtime's
-    # llama.cpp loader and child process (runtime/llama_lib.py, llama_child.py). Those two are
-    # llama.cpp as a library, not the runtime: they move down, below quantize/, when runtime/ is
-    # laid out by job (left while quantize/gguf.py and runtime/llama*.py are being edited).
-    ("prefix_edge.quantize.gguf", "prefix_edge.runtime.llama_child"),
-    ("prefix_edge.quantize.gguf", "prefix_edge.runtime.llama_lib"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

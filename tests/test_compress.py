@@ -73,8 +73,8 @@ def test_extract_kv_reads_a_q8_0_cache_back(rotation):
     """A compressed GGUF prefix re-reads a q8_0 cache (seqstate.extract_kv, the Hadamard
     rotation undone): the values written, to Q8_0's rounding, and unrotated blobs rebuild
     byte for byte."""
-    from prefix_edge.runtime.seqstate import GGML_TYPE_Q8_0, extract_kv, parse_seq_state
-    from prefix_edge.runtime.seqstate_write import build_seq_state
+    from prefix_edge.llamacpp.seqstate import GGML_TYPE_Q8_0, extract_kv, parse_seq_state
+    from prefix_edge.llamacpp.seqstate_write import build_seq_state
 
     rng = np.random.default_rng(1)
     k = [rng.standard_normal((7, 128)).astype(np.float16) for _ in range(2)]

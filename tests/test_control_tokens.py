@@ -15,8 +15,8 @@ import re
 import pytest
 
 from prefix_edge.chat_template import render_chat
-from prefix_edge.runtime.chat import ChatRenderer, check_messages
-from prefix_edge.runtime.tools import check_tools, for_template, native
+from prefix_edge.runtime.chat.render import ChatRenderer, check_messages
+from prefix_edge.runtime.chat.tools import check_tools, for_template, native
 
 from .conftest import CHATML, CORPUS, LONG_SYSTEM
 

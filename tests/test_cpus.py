@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from prefix_edge.runtime.cpus import budget, cpu_features, read_cpu_features
+from prefix_edge.runtime.engines.cpus import budget, cpu_features, read_cpu_features
 
 from .conftest import INPUTS
 

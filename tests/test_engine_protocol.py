@@ -1,4 +1,4 @@
-"""The engine protocol (runtime/backend.py `Engine`) is the whole contract: every member it
+"""The engine protocol (runtime/engines/protocol.py `Engine`) is the whole contract: every member it
 declares is defined by both engines and by the scheduler tier's fake engine, and the
 one-sequence API's sequence is none of the requests' wherever the engine has one to spare."""
 
@@ -11,9 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from prefix_edge.runtime.backend import Engine, EngineConfig
-from prefix_edge.runtime.llama import LlamaBackend
-from prefix_edge.runtime.onnx import OnnxBackend
+from prefix_edge.runtime.engines.protocol import Engine, EngineConfig
+from prefix_edge.runtime.engines.llama.engine import LlamaBackend
+from prefix_edge.runtime.engines.onnx.engine import OnnxBackend
 from tests.helpers.fake_engine import FakeEngine
 
 ENGINES = [FakeEngine, OnnxBackend, LlamaBackend]

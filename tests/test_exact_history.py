@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
-from prefix_edge.runtime.seqstate import parse_seq_state
-from prefix_edge.runtime.seqstate_write import in_stream
+from prefix_edge.llamacpp.seqstate import parse_seq_state
+from prefix_edge.llamacpp.seqstate_write import in_stream
 
 from .conftest import INPUTS
 

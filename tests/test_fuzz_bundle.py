@@ -108,7 +108,7 @@ def _nan_kv(b: Path, rng: random.Random) -> None:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     if "state" in tensors:  # llama.cpp blob: NaN/inf (f16) into one layer's K or V data
-        from prefix_edge.runtime.seqstate import parse_seq_state
+        from prefix_edge.llamacpp.seqstate import parse_seq_state
 
         blob = bytearray(tensors["state"].tobytes())
         info = parse_seq_state(bytes(blob))

@@ -1,5 +1,5 @@
 """HF -> GGUF conversion (llama.cpp's own converter, through prefix_edge.export.gguf) and GGUF
-quantization (prefix_edge.quantize.gguf) checked against transformers, on tiny seeded random
+quantization (prefix_edge.llamacpp.quantize) checked against transformers, on tiny seeded random
 models of the architectures people deploy (Llama 3.x, Qwen2/3, Gemma 3, Phi-3/4, SmolLM3,
 Granite, Mistral), in their configs' shapes.
 
@@ -22,7 +22,7 @@ import pytest
 
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.export.gguf import convert_hf_to_gguf
-from prefix_edge.quantize.gguf import GGUF_QUANT_CHOICES, quantize_gguf
+from prefix_edge.llamacpp.quantize import GGUF_QUANT_CHOICES, quantize_gguf
 
 from .helpers.archs import ARCHS, CHATML, CORPUS, SPECIALS, USER_DEFINED, Built, build_arch
 

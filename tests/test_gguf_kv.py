@@ -16,9 +16,9 @@ pytest.importorskip("llama_cpp")
 from prefix_edge import PrefixEdgeError, Runtime  # noqa: E402
 from prefix_edge.bundle import Manifest  # noqa: E402
 from prefix_edge.bundle import prefixfile  # noqa: E402
-from prefix_edge.runtime.llama import LlamaBackend  # noqa: E402
-from prefix_edge.runtime.seqstate import GGML_TYPE_Q8_0, Q8_0_BYTES, parse_seq_state  # noqa: E402
-from prefix_edge.runtime.seqstate_write import q8_0_rows  # noqa: E402
+from prefix_edge.runtime.engines.llama.engine import LlamaBackend  # noqa: E402
+from prefix_edge.llamacpp.seqstate import GGML_TYPE_Q8_0, Q8_0_BYTES, parse_seq_state  # noqa: E402
+from prefix_edge.llamacpp.seqstate_write import q8_0_rows  # noqa: E402
 
 from .conftest import INPUTS  # noqa: E402
 
@@ -127,8 +127,8 @@ def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv, which):
     then quantizes. From the f16 cells of a text prefix it gives llama.cpp's own q8_0 cells (up
     to the f16 rounding of its source) and the same next-token logits."""
     from prefix_edge.runtime.prefix import Prefix
-    from prefix_edge.runtime.seqstate import extract_kv
-    from prefix_edge.runtime.seqstate_write import build_seq_state
+    from prefix_edge.llamacpp.seqstate import extract_kv
+    from prefix_edge.llamacpp.seqstate_write import build_seq_state
 
     if which == "tiny":
         model = next((bundle_q8kv / "gguf").glob("*.gguf"))

@@ -21,8 +21,8 @@ import pytest
 from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.prefix import Prefix
-from prefix_edge.runtime.seqstate import SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
-from prefix_edge.runtime.seqstate_write import build_seq_state, in_stream, out_of_stream
+from prefix_edge.llamacpp.seqstate import SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
+from prefix_edge.llamacpp.seqstate_write import build_seq_state, in_stream, out_of_stream
 
 from .helpers.families import FAMILIES, build_family
 
@@ -202,7 +202,7 @@ def test_a_model_llama_cpp_asserts_on_is_one_error_line(tmp_path):
     GGML_ASSERT(n_expert_used_max <= n_expert) aborts its process; here quantizing and the first
     load run in a child, and the abort is an error line naming the model."""
     from prefix_edge.export.gguf import convert_hf_to_gguf
-    from prefix_edge.quantize.gguf import quantize_gguf
+    from prefix_edge.llamacpp.quantize import quantize_gguf
 
     build_family("granitehybrid", tmp_path / "model", num_experts_per_tok=2)
     f32 = tmp_path / "model-f32.gguf"
@@ -219,7 +219,7 @@ def test_a_model_llama_cpp_asserts_on_is_one_error_line(tmp_path):
 
 @pytest.mark.integration
 def test_a_model_llama_cpp_cannot_load_says_why(tmp_path_factory, tmp_path):
-    from prefix_edge.runtime.llama import LlamaBackend
+    from prefix_edge.runtime.engines.llama.engine import LlamaBackend
 
     _, bundle, _ = _exported("olmo2", tmp_path_factory)
     data = bytearray((bundle / "gguf" / "model.gguf").read_bytes())

@@ -12,7 +12,7 @@ import pytest
 
 from prefix_edge.errors import ContextLengthExceeded
 from prefix_edge.options import MAX_INPUT_BYTES, OptionError, check_text
-from prefix_edge.runtime.chat import check_messages
+from prefix_edge.runtime.chat.render import check_messages
 from prefix_edge.serve.limits import MAX_BODY
 
 

@@ -32,7 +32,7 @@ def _probe_env(tmp_path, fault=None):
 def test_llama_build_is_portable():
     """The llama.cpp this suite runs was built without -march=native: no AVX-512, no AMX (x86-64),
     so it runs on any AVX2 machine, including VMs that trap AMX."""
-    from prefix_edge.runtime.probe import library_files, llama_verdict
+    from prefix_edge.llamacpp.probe import library_files, llama_verdict
 
     if not library_files():
         pytest.skip("llama-cpp-python is not installed")
@@ -89,7 +89,7 @@ def test_crashing_llama_falls_back_to_onnx(tmp_path, bundle_int4):
 
 
 def test_probe_verdict_is_cached_per_library(tmp_path, monkeypatch):
-    from prefix_edge.runtime import probe
+    from prefix_edge.llamacpp import probe
 
     if not probe.library_files():
         pytest.skip("llama-cpp-python is not installed")

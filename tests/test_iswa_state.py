@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.llama import LlamaBackend
+from prefix_edge.runtime.engines.llama.engine import LlamaBackend
 from prefix_edge.runtime.prefix import Prefix
-from prefix_edge.runtime.seqstate import check_seq_state, extract_kv, parse_seq_state
-from prefix_edge.runtime.seqstate_write import build_seq_state
+from prefix_edge.llamacpp.seqstate import check_seq_state, extract_kv, parse_seq_state
+from prefix_edge.llamacpp.seqstate_write import build_seq_state
 
 from .helpers.archs import build_arch
 

@@ -14,11 +14,11 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from prefix_edge.errors import PrefixEdgeError  # noqa: E402
 from prefix_edge.runtime.prefix import Prefix  # noqa: E402
-from prefix_edge.runtime.llama import LlamaBackend  # noqa: E402
-from prefix_edge.runtime.llama_prefix import write_prefix  # noqa: E402
-from prefix_edge.runtime.seqstate import (  # noqa: E402
+from prefix_edge.runtime.engines.llama.engine import LlamaBackend  # noqa: E402
+from prefix_edge.runtime.engines.llama.prefix_files import write_prefix  # noqa: E402
+from prefix_edge.llamacpp.seqstate import (  # noqa: E402
     SEQ_STATE_MAGIC, check_seq_state, extract_kv, parse_seq_state)
-from prefix_edge.runtime.seqstate_write import build_seq_state  # noqa: E402
+from prefix_edge.llamacpp.seqstate_write import build_seq_state  # noqa: E402
 
 from .helpers.default_model import GGUF  # noqa: E402
 
@@ -71,7 +71,7 @@ def greedy(b, logits: np.ndarray, n: int = N_STEPS) -> list[int]:
 def set_data_calls(monkeypatch):
     """Counts real llama_state_seq_set_data calls (the call still goes to llama.cpp)."""
     calls = []
-    bindings = llama_cpp.llama_cpp  # what the backend calls (runtime/llama_lib.py)
+    bindings = llama_cpp.llama_cpp  # what the backend calls (llamacpp/lib.py)
     real = bindings.llama_state_seq_set_data
 
     def spy(*args):

@@ -1,4 +1,4 @@
-"""The GGUF engine's KV streams start small and grow (runtime/llama_context.py): a sequence's
+"""The GGUF engine's KV streams start small and grow (runtime/engines/llama/context.py): a sequence's
 logits do not depend on when or whether its context was made again, with other sequences live
 and a stream copy still pending; past the request limit it is "context full", in one line.
 Real llama.cpp contexts on the default model (SmolLM2-135M Q4_1)."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
-from prefix_edge.runtime.llama import LlamaBackend
+from prefix_edge.runtime.engines.llama.engine import LlamaBackend
 
 from .helpers.default_model import GGUF
 

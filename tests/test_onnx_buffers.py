@@ -7,7 +7,7 @@ import gc
 import numpy as np
 
 from prefix_edge.bundle import Manifest
-from prefix_edge.runtime.onnx import OnnxBackend
+from prefix_edge.runtime.engines.onnx.engine import OnnxBackend
 
 INPUTS = [np.array([5, 17, 42, 99, 7], np.int64),
           np.arange(30, 130, dtype=np.int64)]  # 100 tokens: outgrows a home (P + 64 positions)

@@ -1,4 +1,4 @@
-"""This machine's cache of ONNX Runtime's optimized, prepacked model (runtime/ort_cache.py):
+"""This machine's cache of ONNX Runtime's optimized, prepacked model (runtime/engines/onnx/ort_cache.py):
 the first open saves it, later opens load it, and either way every logit is the same as a
 session built from the model itself; an edited entry is rebuilt, never used."""
 
@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from prefix_edge.runtime import ort_cache
-from prefix_edge.runtime.onnx import OnnxBackend
+from prefix_edge.runtime.engines.onnx import ort_cache
+from prefix_edge.runtime.engines.onnx.engine import OnnxBackend
 
 IDS = np.array([5, 17, 42, 99, 7, 3, 250, 12], np.int64)
 
@@ -92,7 +92,7 @@ def test_entry_key_follows_model_runtime_and_cpu(monkeypatch):
     a = ort_cache.entry_key("0" * 64)
     assert a == ort_cache.entry_key("0" * 64)
     assert a != ort_cache.entry_key("1" * 64)
-    from prefix_edge.runtime import cpus
+    from prefix_edge.runtime.engines import cpus
 
     monkeypatch.setattr(cpus, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # another CPU
     b = ort_cache.entry_key("0" * 64)

@@ -70,9 +70,9 @@ def test_a_passed_prefix_skips_the_walk_until_the_file_changes(bundle_int4, back
         pytest.importorskip("llama_cpp")
     from prefix_edge.bundle.verify import cache_name
     from prefix_edge.paths import read_cache
-    from prefix_edge.runtime.backend import EngineConfig
+    from prefix_edge.runtime.engines.protocol import EngineConfig
     from prefix_edge.runtime.engines import engine_class
-    from prefix_edge.runtime.prefix_cache import PrefixCache
+    from prefix_edge.runtime.cache.prefixes import PrefixCache
 
     b = Bundle.open(bundle_int4)
     fp, hashes = b.check_model(backend)

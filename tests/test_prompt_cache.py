@@ -1,5 +1,5 @@
 """The prompt cache: the KV of prompts already read, reused by any later request that starts with
-the same tokens (runtime/prompt_cache.py).
+the same tokens (runtime/cache/prompts.py).
 
 The reference for every hit is the same request with the cache off (`use_prompt_cache=False`,
 or a runtime opened with `prompt_cache_bytes=0`): the tokens and their log-probabilities must be
@@ -15,7 +15,7 @@ import pytest
 
 from prefix_edge import Runtime
 from prefix_edge.runtime.prefix import Prefix
-from prefix_edge.runtime.prompt_cache import PromptCache, chain, chunk_ends
+from prefix_edge.runtime.cache.prompts import PromptCache, chain, chunk_ends
 
 BACKENDS = ["onnx", "gguf"]
 

@@ -1,4 +1,4 @@
-"""The prompt cache's persistent tier (runtime/prompt_files.py): a prompt start that keeps coming
+"""The prompt cache's persistent tier (runtime/cache/prompt_files.py): a prompt start that keeps coming
 back is written to disk, and a new runtime on the same home starts warm.
 
 References: the same request with the cache off (`use_prompt_cache=False`) in the same runtime.
@@ -17,7 +17,7 @@ import pytest
 from prefix_edge import Runtime
 from prefix_edge.bundle import prefixfile
 from prefix_edge.paths import prompt_cache_dir
-from prefix_edge.runtime.prompt_files import INDEX_CRC, SUFFIX, _index_crc
+from prefix_edge.runtime.cache.prompt_files import INDEX_CRC, SUFFIX, _index_crc
 from prefix_edge.serve.metrics import Metrics
 
 from .helpers.serve import metrics, start_server, stop_server

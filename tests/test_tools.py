@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
-from prefix_edge.runtime.tools import HEAD, CallWriter, ToolSpec, check_tools, constraint_options, for_template, guide, read_call
+from prefix_edge.runtime.chat.tools import HEAD, CallWriter, ToolSpec, check_tools, constraint_options, for_template, guide, read_call
 
 from .conftest import INPUTS
 from .helpers.served import KEY, client, local, server  # noqa: F401  (the shared server's fixtures)
@@ -48,7 +48,7 @@ HISTORY = [{"role": "user", "content": "3 please"},
 
 def test_tool_aware_template_renders_as_transformers(tiny_model):
     from prefix_edge.chat_template import render_chat
-    from prefix_edge.runtime.chat import check_messages
+    from prefix_edge.runtime.chat.render import check_messages
 
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(tiny_model))
@@ -73,7 +73,7 @@ def test_fallback_prompt_and_reading_calls(bundle_int4, tiny_model):
         text = rt.tokenizer.decode(list(ids), skip_special_tokens=False)
         assert "You can call these functions" in text and '"name": "order"' in text
         assert "Tool result (c1): ordered" in text and '{"name": "order", "arguments": {"qty": 3}}' in text
-        from prefix_edge.runtime.chat import check_messages
+        from prefix_edge.runtime.chat.render import check_messages
 
         msgs, _ = for_template(check_messages(HISTORY), spec, False)
         assert list(ids) == tok.apply_chat_template(msgs, add_generation_prompt=True)

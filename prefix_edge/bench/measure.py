@@ -85,7 +85,7 @@ class Bench:
     def engine_options(self, backend: str) -> dict:
         """What the bundle's prefixes need of an engine beyond the model file (llama.cpp's KV
         type and state layout)."""
-        from ..runtime.llama_lib import gguf_state_options
+        from ..llamacpp.lib import gguf_state_options
 
         return gguf_state_options(self.manifest.backends[backend].state) if backend == "gguf" else {}
 
@@ -312,7 +312,7 @@ class Bench:
 
         # what a process of this runtime holds before any model: Python, the runtime's and the
         # engine library's imports, the tokenizer (peak RSS minus this is the model's share)
-        lib = ("from prefix_edge.runtime.llama_lib import load_llama_cpp; load_llama_cpp()"
+        lib = ("from prefix_edge.llamacpp.lib import load_llama_cpp; load_llama_cpp()"
                if backend == "gguf" else "import onnxruntime")
         fixed_code = ("import json\nfrom prefix_edge import Runtime\nfrom tokenizers import Tokenizer\n"
                       f"tok = Tokenizer.from_file({str(self.opened.tokenizer_file)!r})\n{lib}\n"

@@ -11,7 +11,7 @@ TOKENIZER_DIR = "tokenizer"
 TOKENIZER = "tokenizer/tokenizer.json"
 TASKS_DIR = "tasks"
 MODEL_FILE = {"onnx": "onnx/model.onnx", "gguf": "gguf/model.gguf"}
-BACKENDS = tuple(MODEL_FILE)  # the backends a bundle may hold, each with its engine (runtime/engines.py)
+BACKENDS = tuple(MODEL_FILE)  # the backends a bundle may hold, each with its engine (runtime/engines/__init__.py)
 
 
 def model_dir(backend: str) -> str:

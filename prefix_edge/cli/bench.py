@@ -41,7 +41,7 @@ def bench(
     from ..bench.measure import run_bench
     from ..bundle import Bundle
     from ..errors import PrefixEdgeError
-    from ..runtime.cpus import default_threads
+    from ..runtime.engines.cpus import default_threads
 
     opened = Bundle.open(bundle)
     root, manifest = opened.root, opened.manifest

@@ -13,12 +13,12 @@ from typing import Optional
 import typer
 
 from .app import app
-from ..runtime.cpus import cpu_features, read_cpu_features
+from ..runtime.engines.cpus import cpu_features, read_cpu_features
 
 def _ort_cache() -> dict | None:
-    """This machine's cache of ORT's optimized models (runtime/ort_cache.py), None without ORT."""
+    """This machine's cache of ORT's optimized models (runtime/engines/onnx/ort_cache.py), None without ORT."""
     try:
-        from ..runtime import ort_cache
+        from ..runtime.engines.onnx import ort_cache
 
         return ort_cache.summary()
     except (ImportError, OSError):
@@ -72,8 +72,8 @@ def doctor(
     """Versions, CPU features, devices, and which backends run here (llama.cpp is probed in a
     child process, so a build that crashes on this CPU is reported, not fatal)."""
     from .. import __version__
-    from ..runtime.cpus import budget
-    from ..runtime.probe import llama_verdict
+    from ..runtime.engines.cpus import budget
+    from ..llamacpp.probe import llama_verdict
 
     onnx_ok, onnx_detail, providers = _onnx_status()
     cpu = read_cpu_features()

@@ -115,11 +115,11 @@ def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store:
     kv = compressed_kv(be, plan, inv_freq, rope_on)
     kept_ids = np.asarray(plan.source_ids, np.int64)[plan.kept]
     if be.name == "onnx":
-        from ..runtime.onnx import write_prefix
+        from ..runtime.engines.onnx.engine import write_prefix
 
         write_prefix(path, kept_ids, dict(zip(be.past_names, kv)), meta, store or "f32")
     else:
-        from ..runtime.llama_prefix import write_prefix
+        from ..runtime.engines.llama.prefix_files import write_prefix
 
         write_prefix(path, kept_ids, kv, meta, be.kv_type, be.expected_state())
 
@@ -156,7 +156,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
         kv = [named[n] for n in be.past_names]
         return Prefix(empty, kv, {}, sum(t.nbytes for t in kv), n_virtual=V)
     if be.name == "gguf":
-        from ..runtime.seqstate_write import build_seq_state
+        from ..llamacpp.seqstate_write import build_seq_state
 
         if getattr(be, "recurrent", None):
             raise PrefixEdgeError(f"a prefix-tuning adapter sets each layer's KV; this model's "
@@ -172,7 +172,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
         def rows(a: np.ndarray) -> np.ndarray:  # [n_kv, V, d] -> [V, n_kv * d], F16 cells
             return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(V, -1), dtype=np.float16)
 
-        from ..runtime.llama_lib import KV_TYPES
+        from ..llamacpp.lib import KV_TYPES
 
         if be.n_swa and (len(m.sliding_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
             raise PrefixEdgeError(

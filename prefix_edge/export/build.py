@@ -39,9 +39,9 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     prefixes are baked in and the runtime then computes in (f16, or q8_0 with flash attention).
     `compress_prefix`: a ratio, "auto" or None: text tasks' prefixes compressed (export/compress.py)."""
     from ..paths import default_tasks_file
-    from ..quantize.gguf import GGUF_QUANT_CHOICES
+    from ..llamacpp.quantize import GGUF_QUANT_CHOICES
     from ..bundle.prefixfile import KV_STORES
-    from ..runtime.llama_lib import KV_TYPES  # a plain table: llama_cpp is not imported
+    from ..llamacpp.lib import KV_TYPES  # a plain table: llama_cpp is not imported
     from ..quantize.onnx import CHOICES, Int4Recipe
     from .source import default_model_path
 
@@ -360,7 +360,7 @@ class _one_line:
 def _llama_runs(model_file: Path, optional: bool, st: Stages) -> bool:
     """Probe llama.cpp (a child process, cached per build) before baking with it: a build that
     dies on this CPU is an error (or, for the default formats, a warning and no gguf model)."""
-    from ..runtime.probe import llama_verdict
+    from ..llamacpp.probe import llama_verdict
 
     v = llama_verdict(model_file)
     if v is None or v.ok:
@@ -401,8 +401,8 @@ def _onnx_model(hf_dir: Path, dst: Path, quantize: str, work: Path, st: Stages,
 
 def _gguf_model(model: Path, hf_dir: Path, dst: Path, quant: str | None, work: Path,
                 st: Stages) -> BackendInfo:
-    from ..quantize.gguf import quantize_gguf
-    from ..runtime.llama_child import check_loads
+    from ..llamacpp.quantize import quantize_gguf
+    from ..llamacpp.child import check_loads
     from .gguf import convert_hf_to_gguf, file_type_name
 
     dst.parent.mkdir(parents=True, exist_ok=True)

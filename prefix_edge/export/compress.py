@@ -255,9 +255,9 @@ def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
             out.append(a)
         return out
     if be.name == "gguf":
-        from ..runtime.llama_lib import KV_TYPES
-        from ..runtime.seqstate import extract_kv, parse_seq_state
-        from ..runtime.seqstate_write import build_seq_state
+        from ..llamacpp.lib import KV_TYPES
+        from ..llamacpp.seqstate import extract_kv, parse_seq_state
+        from ..llamacpp.seqstate_write import build_seq_state
 
         blob = be.state_blob()
         rotation = be.kv_rotation if be.kv_type != "f16" else 0

@@ -37,9 +37,9 @@ _PRE_TOKENIZERS = {
 def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32", check: bool = True) -> None:
     """Write the model in `hf_dir` (config.json, model*.safetensors, the tokenizer files) to the
     GGUF file `out`, weights in `ftype` ("f32", or "f16": 2-D weights f16, norms f32). `check`:
-    then load it and decode a token in a child process (runtime/llama_child.py), so that a model
+    then load it and decode a token in a child process (llamacpp/child.py), so that a model
     llama.cpp asserts on is an error line here, not an abort of the process that loads it next."""
-    from ..runtime.llama_child import check_loads
+    from ..llamacpp.child import check_loads
     from .llama_convert import convert
 
     hf_dir = Path(hf_dir)

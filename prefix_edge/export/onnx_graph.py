@@ -13,7 +13,7 @@ Inputs: input_ids [batch, seq] int64, past_key_values.{i}.key|value [batch, n_kv
 float, seqlens_k [batch] int32 (total length - 1), total_sequence_length [] int32. Outputs:
 logits [batch, 1, vocab] (the last position: all a decoder needs), present.{i}.key|value.
 GroupQueryAttention writes the new KV into the past buffer itself when past and present are the
-same buffer (the runtime binds them so: runtime/onnx.py), so a step copies no KV, and restoring a
+same buffer (the runtime binds them so: runtime/engines/onnx/engine.py), so a step copies no KV, and restoring a
 baked prefix is a copy into the first P positions. The KV names and layout are optimum's, so a
 prefix file is the same for both graphs.
 

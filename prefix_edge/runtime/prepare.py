@@ -15,13 +15,13 @@ import numpy as np
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
 from ..options import DEFAULTS, OptionError, check_text, resolve
 from ..tasks import fill_template
-from .chat import ChatRenderer, check_messages
+from .chat.render import ChatRenderer, check_messages
 from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .text import TextStream, TokenBytes, longer_than
-from .tools import ENDED, check_tools, constraint_options, guide, native, read_call
+from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call
 
 # use_turn_cache: the prompt cache's earlier name (still accepted)
 FLAGS = ("use_prefix_cache", "use_prompt_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING
 
 from ..bundle import BACKENDS, Bundle
 from ..errors import PrefixEdgeError
-from .backend import EngineConfig, Opened
+from .engines.protocol import EngineConfig, Opened
 from .engines import engine_class
 from .overlap import beside
-from .prefix_cache import PrefixCache
+from .cache.prefixes import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
-from .prompt_cache import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
+from .cache.prompts import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
+    from .chat.conversation import Conversation
 
 # llama.cpp first: it decodes concurrent requests in one batched step (ONNX runs them one after
 # another); which engine is faster alone depends on the CPU (docs/performance.md)
@@ -48,7 +48,7 @@ def choose_backend(bundle: Bundle, backend: str) -> str:
     backend = next((b for b in AUTO_ORDER if b in bundle.backends and _importable(b)),
                    next(iter(bundle.backends), "onnx"))
     if backend == "gguf" and "onnx" in bundle.backends and _importable("onnx"):
-        from .probe import llama_verdict, warn
+        from ..llamacpp.probe import llama_verdict, warn
 
         model = bundle.model_file("gguf")
         v = llama_verdict(model if model.is_file() else None)
@@ -75,7 +75,7 @@ class Runtime(Requests):
         disk_bytes, disk_hits, disk_tokens = prompt_cache_disk
         if disk_bytes and prompt_cache_bytes:  # files are read into, and written from, memory
             from ..paths import prompt_cache_dir
-            from .prompt_files import PromptFiles, root_digest
+            from .cache.prompt_files import PromptFiles, root_digest
 
             self.prompts.files = PromptFiles(prompt_cache_dir(fingerprint, backend.name), disk_bytes, backend,
                                              fingerprint, prefill_chunk, root_digest(manifest),
@@ -224,14 +224,14 @@ class Runtime(Requests):
     def chat(self, task: str | None = None, system: str | None = None, **defaults) -> "Conversation":
         """A conversation with a task (None: the base model): `.send(text)` / `.stream(text)`
         keep its history; `.save(path)` / `Runtime.resume(path)` carry it across processes."""
-        from .conversation import Conversation
+        from .chat.conversation import Conversation
 
         return Conversation(self, task, system=system, **defaults)
 
     def resume(self, path: str | Path) -> "Conversation":
         """A conversation saved with Conversation.save(), its KV put back in the turn cache when
         it was saved from this bundle (same fingerprint), else re-read on its next turn."""
-        from .conversation import Conversation
+        from .chat.conversation import Conversation
 
         return Conversation.load(self, path)
 

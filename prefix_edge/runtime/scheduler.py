@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .prefix import Prefix
-from .prompt_cache import chunk_end
+from .cache.prompts import chunk_end
 from .request import Request
 from .sampling import token_logprobs
 

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
-from ..runtime.tools import ENDED, AnswerRouter
+from ..runtime.chat.tools import ENDED, AnswerRouter
 from .fields import COMPLETION_FIELDS, check_fields, read_body
 from .schema import ApiError, api_error, chat_messages, completion_params
 

@@ -8,7 +8,7 @@ come first; responses are kept in memory unless `store: false`, store.py: as JSO
 from one never changes it, the last MAX_STORED within STORED_BYTES).
 Streaming sends the typed events (response.created ... response.output_text.delta ...
 response.completed), each with its sequence_number. Function tools (`tools`, `tool_choice`)
-work as on chat completions (runtime/tools.py): a call is a `function_call` output item (with
+work as on chat completions (runtime/chat/tools.py): a call is a `function_call` output item (with
 `response.function_call_arguments.*` events when streamed; with tools offered an answer is held
 until it is clearly a message; a guided call streams its arguments as they are written), and `function_call` / `function_call_output` input items are the
 history. Every field's JSON shape is checked first (fields.py).
@@ -27,7 +27,7 @@ from fastapi.responses import Response
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import CONSTRAINTS, OptionError
-from ..runtime.tools import AnswerRouter
+from ..runtime.chat.tools import AnswerRouter
 from .completions import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
 from .fields import RESPONSE_FIELDS, check_fields, read_body
 from .schema import ApiError, completion_params, response_format

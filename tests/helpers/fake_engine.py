@@ -1,4 +1,4 @@
-"""A fake engine for the scheduler's unit tier: the engine protocol (runtime/backend.py) over
+"""A fake engine for the scheduler's unit tier: the engine protocol (runtime/engines/protocol.py) over
 numpy, no model. A sequence's state is the list of token ids at its positions; the logits of a
 forward are a deterministic function of the whole list (a seeded normal draw keyed by a hash of
 it), so, as with a real model, a token depends on everything before it, a restored or copied
@@ -8,7 +8,7 @@ state gives what its prefill gave, and one sequence's answer never depends on an
 between steps (and release one step at a time; `held` is set while a forward waits there).
 `log`: each forward's items, in order.
 
-It implements the whole engine protocol (runtime/backend.py `Engine`;
+It implements the whole engine protocol (runtime/engines/protocol.py `Engine`;
 tests/test_engine_protocol.py checks): prefix files go through the real prefix-file codec, the
 state stored as the token ids it holds.
 """
@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
 from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.backend import OneSequence, Opened, fit_prefix
+from prefix_edge.runtime.engines.protocol import OneSequence, Opened, fit_prefix
 from prefix_edge.runtime.prefix import Prefix
 
 N_VOCAB = 64

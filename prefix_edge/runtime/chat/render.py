@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
-from ..options import MAX_INPUT_BYTES, OptionError, check_text
-from ..tasks import fill_template
-from .text import longer_than
+from ...errors import PrefixEdgeError
+from ...options import MAX_INPUT_BYTES, OptionError, check_text
+from ...tasks import fill_template
+from ..text import longer_than
 from .tools import for_template, native
 from .user_text import Marks, parsed_args, strings
 
@@ -134,7 +134,7 @@ class ChatRenderer:
         self.special_ids = {i for i in map(tokenizer.token_to_id, special_texts) if i is not None}
 
     def render(self, messages: list[dict], gen: bool, tools: list | None = None) -> str:
-        from ..chat_template import render_chat
+        from ...chat_template import render_chat
 
         return render_chat(self.template, messages, gen, self.special, tools)
 
@@ -177,7 +177,7 @@ class ChatRenderer:
             text, protected, moved = marks.unmark(rendered)
         if room is not None and (longer_than(self.tok, text, room + 8) or
                                  len(self.tok.encode(text, add_special_tokens=False).ids) > room + 8):
-            from ..errors import ContextLengthExceeded
+            from ...errors import ContextLengthExceeded
 
             raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request may "
                                         "use after the task's prefix (n_ctx)")

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import prefixfile
-from ..errors import PrefixEdgeError
-from .llama_lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
-from .prefix import Prefix
-from .seqstate import GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state, parse_seq_state
-from .seqstate_write import out_of_stream, row_bytes
+from ....bundle import prefixfile
+from ....errors import PrefixEdgeError
+from ....llamacpp.lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
+from ...prefix import Prefix
+from ....llamacpp.seqstate import GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state, parse_seq_state
+from ....llamacpp.seqstate_write import out_of_stream, row_bytes
 
 BACKEND = "gguf"
 

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..errors import PrefixEdgeError, disk_full
-from .chat import check_messages
+from ...errors import PrefixEdgeError, disk_full
+from .render import check_messages
 
 if TYPE_CHECKING:
-    from ..bundle import Manifest
-    from .stream import Result, Stream
-    from .prompt_cache import PromptCache
+    from ...bundle import Manifest
+    from ..stream import Result, Stream
+    from ..cache.prompts import PromptCache
 
 
 class Runtime(Protocol):
@@ -131,7 +131,7 @@ class Conversation:
             if entry is not None:
                 self.rt.backend.write_snapshot(tmp, entry.prefix, meta)
             else:
-                from ..bundle import prefixfile
+                from ...bundle import prefixfile
 
                 prefixfile.write(tmp, np.zeros(0, np.int64), {}, meta)
             tmp.replace(path)  # never a half-written conversation under its name
@@ -151,7 +151,7 @@ class Conversation:
 
     @classmethod
     def load(cls, rt: "Runtime", path: str | Path) -> "Conversation":
-        from ..bundle import prefixfile
+        from ...bundle import prefixfile
 
         path = _path(path)
         where = str(path)

@@ -19,7 +19,7 @@ import copy
 import re
 from dataclasses import replace
 
-from ..errors import PrefixEdgeError
+from ...errors import PrefixEdgeError
 
 PLANES = (0xF0000, 0x100000)  # supplementary private-use planes: 65534 characters each
 PRIVATE = re.compile("[\U000F0000-\U0010FFFF]")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
+from ....errors import PrefixEdgeError
 
 GROW_STEP = 256  # llama.cpp rounds a stream to 256 cells
 
@@ -65,7 +65,7 @@ def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
 
 
 def grow(be, need: int) -> None:
-    """Make room for `need` positions in every stream of engine `be` (runtime/llama.py), up to
+    """Make room for `need` positions in every stream of engine `be` (runtime/engines/llama/engine.py), up to
     its max_ctx_seq: the live states read out, a context with larger streams made, the states
     written back. A no-op while they fit."""
     if need <= be.n_ctx_seq or need > be.max_ctx_seq:

@@ -1,5 +1,5 @@
 """GGUF weight quantization through llama.cpp's own quantizer (`llama_model_quantize`, as the
-`llama-quantize` tool), called from llama-cpp-python in a child process (runtime/llama_child.py):
+`llama-quantize` tool), called from llama-cpp-python in a child process (llamacpp/child.py):
 llama.cpp asserts on a model's metadata, and an abort there is an error line, not the end of
 the export. The child then loads and decodes the quantized model.
 
@@ -47,8 +47,8 @@ def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = Fal
         raise PrefixEdgeError(f"no GGUF file at {src}")
     if dst.resolve() == src.resolve():
         raise PrefixEdgeError(f"quantizing {src} onto itself; choose another output path")
-    from ..runtime import llama_child
-    from ..runtime.llama_lib import load_llama_cpp
+    from . import child as llama_child
+    from .lib import load_llama_cpp
 
     llama_cpp = load_llama_cpp()  # raises a clear error without llama-cpp-python
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..bundle import Bundle
-from ..errors import PrefixEdgeError
-from .backend import Engine
-from .prefix import Prefix
+from ...bundle import Bundle
+from ...errors import PrefixEdgeError
+from ..engines.protocol import Engine
+from ..prefix import Prefix
 
 
 class PrefixCache:
@@ -65,7 +65,7 @@ class PrefixCache:
             return np.asarray(info.source_ids, np.int64)
         if task in self._lru:
             return self._lru[task].ids
-        from ..bundle import prefixfile
+        from ...bundle import prefixfile
 
         return prefixfile.read_ids(self.bundle.prefix_file(task, self.backend.name, self.fingerprint,
                                                            self.verify))

@@ -15,7 +15,7 @@ stream count: the recurrent memory has no streams):
                                                                       LFM2's is 0 bytes)
 
 Nothing in the part says which layers are recurrent: the engine reads their count off a state
-of its own (runtime/llama.py) and holds every later blob to it. Such a state cannot be cut
+of its own (runtime/engines/llama/engine.py) and holds every later blob to it. Such a state cannot be cut
 back to an earlier position (it holds no per-token history): a cache keeps it whole.
 """
 

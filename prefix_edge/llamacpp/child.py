@@ -8,8 +8,8 @@ GGUF it has just written for the first time, in a child: an abort there is one e
 naming the model and what llama.cpp said. Where the engine cannot load a model, a child loads
 it again with llama.cpp's log on to say why (the engine keeps the log off).
 
-    python -m prefix_edge.runtime.llama_child quantize SRC DST FTYPE ALLOW_REQUANTIZE
-    python -m prefix_edge.runtime.llama_child load MODEL
+    python -m prefix_edge.llamacpp.child quantize SRC DST FTYPE ALLOW_REQUANTIZE
+    python -m prefix_edge.llamacpp.child load MODEL
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def reason(log: str) -> str:
 def _child(argv: list[str]) -> int:
     import ctypes
 
-    from .llama_lib import _bindings
+    from .lib import _bindings
 
     L, _ = _bindings()  # llama.cpp's own logging to stderr: the parent reads the reason there
     L.llama_backend_init()

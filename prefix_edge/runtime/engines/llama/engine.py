@@ -26,15 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
-from .backend import EngineConfig, OneSequence, Opened, fit_prefix
-from .llama_context import ContextSpec, grow, make_context
-from .llama_lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
+from ....errors import PrefixEdgeError
+from ..protocol import EngineConfig, OneSequence, Opened, fit_prefix
+from .context import ContextSpec, grow, make_context
+from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
-from .llama_prefix import BACKEND, PrefixFiles
-from .overlap import native_load
-from .prefix import Prefix
-from .seqstate_write import in_stream, out_of_stream, row_bytes
+from .prefix_files import BACKEND, PrefixFiles
+from ...overlap import native_load
+from ...prefix import Prefix
+from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes
 
 
 class LlamaBackend(PrefixFiles, OneSequence):
@@ -72,7 +72,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         mp.n_gpu_layers = 0 if device == "cpu" else -1
         self.model = native_load(lambda: L.llama_model_load_from_file(str(model_path).encode(), mp))
         if not self.model:
-            from .llama_child import load_failure
+            from ....llamacpp.child import load_failure
 
             raise PrefixEdgeError(f"cannot load GGUF model {model_path}: {load_failure(Path(model_path))}")
         # sliding-window layers (Gemma 3): llama.cpp keeps them in a second cache (iSWA), and a
@@ -155,9 +155,9 @@ class LlamaBackend(PrefixFiles, OneSequence):
         prefixes need and grown up to n_ctx cells as requests use them (llama_context.py; with
         cfg.kv_cells: all of it up front), or with cfg.shared_kv one cache of kv_cells cells
         shared by every request and resident prefix (sequence 0 is then the one-sequence API's)."""
-        from .cpus import default_threads
-        from .llama_lib import gguf_state_options
-        from .probe import require_llama
+        from ..cpus import default_threads
+        from ....llamacpp.lib import gguf_state_options
+        from ....llamacpp.probe import require_llama
 
         model = bundle.model_file("gguf")
         require_llama(model if model.is_file() else None)  # a crashing build is an error, not a crash

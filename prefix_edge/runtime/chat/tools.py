@@ -25,7 +25,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..errors import PrefixEdgeError
+from ...errors import PrefixEdgeError
 
 FALLBACK = ("You can call these functions:\n{tools}\n\nTo call one, answer with only a JSON object "
             "and nothing else: {{\"name\": \"<function name>\", \"arguments\": {{<its arguments>}}}}. "
@@ -106,7 +106,7 @@ def constraint_options(opts: dict, spec: ToolSpec | None) -> dict:
         return opts
     if spec.choice != "auto":
         return {**opts, "json_schema": call_schema(spec), "regex": None, "grammar": None}
-    from .constraint import JSON_STYLE
+    from ..constraint import JSON_STYLE
 
     call = {**call_schema(spec), "x-guidance": JSON_STYLE}
     grammar = ("start: call | text\ncall: %json " + json.dumps(call, ensure_ascii=False) +

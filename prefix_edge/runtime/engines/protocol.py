@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
-from .prefix import Prefix
+from ...errors import PrefixEdgeError
+from ..prefix import Prefix
 
 if TYPE_CHECKING:
-    from ..bundle import Bundle
+    from ...bundle import Bundle
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def enabled() -> bool:
 def entry_key(model_sha256: str) -> str:
     import onnxruntime as ort
 
-    from .cpus import cpu_flags
+    from ..cpus import cpu_flags
 
     h = hashlib.sha256()
     for part in (CACHE_FORMAT, model_sha256, ort.__version__, platform.machine(),
@@ -54,7 +54,7 @@ def entry_key(model_sha256: str) -> str:
 
 
 def _root() -> Path:
-    from ..paths import home
+    from ....paths import home
 
     return home() / "ort-cache"
 
@@ -62,8 +62,8 @@ def _root() -> Path:
 def cached_model(model_sha256: str, verify: str = "cached") -> Path | None:
     """The cached optimized model for this model here, verified; None when there is none (or
     it does not verify: it is then removed)."""
-    from ..bundle.verify import file_hashes
-    from ..errors import PrefixEdgeError
+    from ....bundle.verify import file_hashes
+    from ....errors import PrefixEdgeError
 
     entry = _root() / entry_key(model_sha256)
     try:
@@ -138,7 +138,7 @@ def new_session(path: Path, opts, providers: list[str]):
     (overlap.py: Runtime.open's tokenizer), PARSE_S into the creation."""
     import onnxruntime as ort
 
-    from .overlap import native_load
+    from ...overlap import native_load
 
     return native_load(lambda: ort.InferenceSession(str(path), opts, providers=providers), PARSE_S)
 
@@ -164,8 +164,8 @@ def _save_options(opts, model_sha256: str) -> Path | None:
 def _publish(staging: Path, model_sha256: str) -> None:
     """Make a staged entry visible (hashes recorded last); a concurrent process that got there
     first wins. Failures only leave the cache without this entry."""
-    from ..bundle.verify import file_hashes
-    from ..errors import PrefixEdgeError
+    from ....bundle.verify import file_hashes
+    from ....errors import PrefixEdgeError
 
     entry = _root() / entry_key(model_sha256)
     try:

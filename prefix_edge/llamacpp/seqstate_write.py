@@ -49,7 +49,7 @@ def build_seq_state(k: list[np.ndarray], v: list[np.ndarray], v_trans: bool,
 
     q8_0: llama.cpp needs flash attention (V untransposed) and may keep a quantized cache's K
     and V rotated, each head by the normalized Hadamard matrix of order `rotation` (0: not
-    rotated; runtime/llama.py kv_rotation says which); the rows are rotated so, then quantized
+    rotated; runtime/engines/llama/engine.py kv_rotation says which); the rows are rotated so, then quantized
     as ggml does."""
     if kv_type == GGML_TYPE_Q8_0 and v_trans:
         raise PrefixEdgeError("build_seq_state: a q8_0 cache has V untransposed (flash attention)")

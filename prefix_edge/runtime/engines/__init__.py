@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bundle import BACKENDS
-from ..errors import PrefixEdgeError
-from .backend import Engine
+from ...bundle import BACKENDS
+from ...errors import PrefixEdgeError
+from .protocol import Engine
 
 
 def engine_class(name: str):
     """The one place that maps a backend name to its engine (imported lazily: the gguf engine
     needs llama-cpp-python, the onnx one onnxruntime)."""
     if name == "onnx":
-        from .onnx import OnnxBackend
+        from .onnx.engine import OnnxBackend
 
         return OnnxBackend
     if name == "gguf":
-        from .llama import LlamaBackend
+        from .llama.engine import LlamaBackend
 
         return LlamaBackend
     raise PrefixEdgeError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
@@ -28,7 +28,7 @@ def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int 
                  n_ctx: int = 2048, **engine) -> Engine:
     """An engine on a model file, outside a bundle's runtime (export's baking and fidelity
     probes, bench, tests). threads: None means the physical cores this process may use
-    (runtime/cpus.py), never the engine's own default."""
+    (runtime/engines/cpus.py), never the engine's own default."""
     from .cpus import default_threads
 
     return engine_class(name)(model_path, device=device, threads=threads or default_threads(),

@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..bundle import prefixfile
-from ..errors import PrefixEdgeError, disk_full
-from .prompt_cache import chain
+from ...bundle import prefixfile
+from ...errors import PrefixEdgeError, disk_full
+from .prompts import chain
 
 FORMAT = "prefix-edge-prompt/1"
 SUFFIX = ".safetensors"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
-from ..bundle import prefixfile
-from .backend import EngineConfig, OneSequence, Opened, fit_prefix
-from .prefix import Prefix
+from ....errors import PrefixEdgeError
+from ....bundle import prefixfile
+from ..protocol import EngineConfig, OneSequence, Opened, fit_prefix
+from ...prefix import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -46,7 +46,7 @@ class OnnxBackend(OneSequence):
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
         """The bundle's ONNX graph; the model's hash (checked by the bundle) keys this machine's
         session cache, whose files are verified alike. A sequence's KV grows as it needs."""
-        from .cpus import default_threads
+        from ..cpus import default_threads
 
         model = bundle.model_file("onnx")
         limit = bundle.manifest.model.n_ctx
@@ -101,7 +101,7 @@ class OnnxBackend(OneSequence):
     def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached",
                  model_sha256: str | None = None):
         """An InferenceSession of the model and where it came from: "cache" / "saved" (this
-        machine's saved optimized, prepacked form of it: runtime/ort_cache.py) or "model" (built
+        machine's saved optimized, prepacked form of it: runtime/engines/onnx/ort_cache.py) or "model" (built
         from the model; GPU, cache off or unusable). `model_sha256`: the model file's hash when
         the caller has it (else looked up like bundle files); verify "full" re-hashes the cache
         entry's files at this open."""
@@ -121,7 +121,7 @@ class OnnxBackend(OneSequence):
         providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
         if device == "cpu" and ort_cache.enabled():
             if model_sha256 is None:
-                from ..bundle.verify import file_hashes
+                from ....bundle.verify import file_hashes
 
                 try:
                     model_sha256 = file_hashes(model_path.parent, [model_path.name])[model_path.name]

@@ -305,7 +305,7 @@ def extract_kv(blob, info: SeqStateInfo | None = None,
     (an iSWA blob: the full-attention layers, then the sliding-window layers with their fewer
     cells); the inverse of build_seq_state. An f16 cache: float16, K (and V when not
     transposed) read-only views of the blob. A q8_0 cache: float32 values, each head's
-    Hadamard rotation of order `rotation` undone (runtime/llama.py kv_rotation; 0: none)."""
+    Hadamard rotation of order `rotation` undone (runtime/engines/llama/engine.py kv_rotation; 0: none)."""
     info = info or parse_seq_state(blob)
     buf = _view(blob)
     h = None

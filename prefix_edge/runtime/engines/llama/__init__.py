@@ -1,0 +1,1 @@
+"""The llama.cpp engine (engine.py), its context (context.py) and its prefix files."""
