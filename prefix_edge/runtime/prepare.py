@@ -29,6 +29,20 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
 class Requests:
+    """The caller's-thread half of a Runtime: a call checked and turned into a Request (and its
+    choices' siblings, and its Result at the end). It reads the bundle, tokenizer and engine the
+    Runtime opened and the two caches the Runtime owns; it submits nothing (the Runtime does)."""
+
+    def __init__(self, bundle, tokenizer, backend, n_ctx: int, prefixes, prompts,
+                 prefix_lock, closed) -> None:
+        self.bundle, self.manifest = bundle, bundle.manifest
+        self.tokenizer, self.backend, self.n_ctx = tokenizer, backend, n_ctx
+        self.prefixes, self.prompts = prefixes, prompts  # cache.prefixes / cache.prompts
+        self._prefix_lock = prefix_lock                 # guards `prefixes`, shared with the Runtime
+        self._closed = closed                           # () -> bool: the Runtime is closed
+        self.eos = set(self.manifest.model.eos_token_ids)
+        self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
     # -- options ------------------------------------------------------------------------
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"}
@@ -132,10 +146,10 @@ class Requests:
             raise PrefixEdgeError(f"{name} must be true or false, got {v!r}")
         return v
 
-    def _request(self, task: str | None, text: str | None, overrides: dict[str, Any],
+    def request(self, task: str | None, text: str | None, overrides: dict[str, Any],
                  messages: list | None = None) -> Request:
         t0 = time.perf_counter()
-        if self.closed:
+        if self._closed():
             raise RuntimeClosed("the runtime is closed")
         if task is not None and (not isinstance(task, str) or task not in self.manifest.tasks):
             raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
@@ -217,7 +231,7 @@ class Requests:
             prompts.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
         return keep
 
-    def _sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
+    def sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
         opts = constraint_options(self.options(req.task, overrides), req.tools)
         if opts["seed"] is not None:
@@ -228,7 +242,7 @@ class Requests:
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
                        logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools)
 
-    def _result(self, r: Request, finish: str) -> Result:
+    def result(self, r: Request, finish: str) -> Result:
         end = time.perf_counter()
         n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
         dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0

@@ -58,7 +58,7 @@ def choose_backend(bundle: Bundle, backend: str) -> str:
     return backend
 
 
-class Runtime(Requests):
+class Runtime:
     """A bundle opened for generation. Thread-safe: any number of requests may be in flight
     from any threads. Use as a context manager or call close()."""
 
@@ -83,14 +83,40 @@ class Runtime(Requests):
         self.prefixes = PrefixCache(bundle, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = opened.n_ctx  # positions one request may use (prefix + input + output)
-        self.eos = set(manifest.model.eos_token_ids)
-        self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self.shared_kv = opened.shared_kv
         self._sched = Scheduler(backend, slots=slots, queue_size=queue_size,
                                 prefill_chunk=prefill_chunk,
                                 resident_bytes=resident_bytes if opened.resident_seqs else 0,
                                 resident_seqs=opened.resident_seqs, request_seqs=opened.request_seqs,
                                 kv_cells=opened.kv_cells)
+        self.requests = Requests(bundle, tokenizer, backend, self.n_ctx, self.prefixes, self.prompts,
+                                 self._prefix_lock, lambda: self._sched.closed)
+        self.eos = self.requests.eos
+
+    # -- the caller's-thread half (prepare.py), as the API and the server use it ---------
+    def options(self, task: str | None, overrides: dict):
+        """A task's generation options with `overrides` resolved and checked (OptionError names the field)."""
+        return self.requests.options(task, overrides)
+
+    def encode_input(self, task: str, text: str, raw_special_tokens: bool = False):
+        """The task's input wrapping around `text`, tokenized (as export and PEFT tokenize it)."""
+        return self.requests.encode_input(task, text, raw_special_tokens)
+
+    def chat_input(self, task: str | None, messages: list, tools=None):
+        """(ids after the task's prefix, turn cuts, the checked messages) of a conversation."""
+        return self.requests.chat_input(task, messages, tools)
+
+    @property
+    def token_bytes(self):
+        return self.requests.token_bytes
+
+    @property
+    def grammars(self):
+        return self.requests.grammars
+
+    @property
+    def chat_renderer(self):
+        return self.requests.chat_renderer
 
     @classmethod
     def open(cls, path: str | Path | None = None, backend: str = "auto", device: str = "cpu",
@@ -205,15 +231,15 @@ class Runtime(Requests):
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self._sched.slots:
             raise PrefixEdgeError(f"n must be an integer in [1, {self._sched.slots}] (this "
                                   f"runtime's slots), got {n!r}")
-        req = self._request(task, text, overrides, messages)
+        req = self.requests.request(task, text, overrides, messages)
         for i in range(1, n):
-            sib = self._sibling(req, i, overrides)
+            sib = self.requests.sibling(req, i, overrides)
             req.siblings.append(sib)
         self._sched.submit(req)
         return [Stream(r, self._finished, self._sched.cancel) for r in [req, *req.siblings]]
 
     def _finished(self, req, finish_reason: str) -> Result:
-        return self._result(req, finish_reason)
+        return self.requests.result(req, finish_reason)
 
     def astream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
                 **overrides) -> AsyncStream:
