@@ -53,7 +53,7 @@ def serve(
             raise PrefixEdgeError("--replicas and --tasks-per-replica must be >= 1")
         args = {"bundle": str(bundle) if bundle else None, "replicas": replicas, "tasks_per_replica": tasks_per_replica,
                 "backend": backend, "device": device, "threads": threads, "slots": slots,
-                "turn_cache": prompt_cache, "api_key": api_key}
+                "prompt_cache": prompt_cache, "prompt_cache_disk": prompt_cache_disk, "api_key": api_key}
         if ray_config:
             write_config(ray_config, args, host, port)
             typer.echo(f"wrote {ray_config}: `serve deploy {ray_config}` (set api_key in its args yourself)", err=True)
