@@ -228,15 +228,24 @@ def test_port_in_use_is_one_line_before_loading(bundle_int4):
 
 
 def test_sigterm_drains_then_ends_streams_with_an_error(bundle_int4):
-    """48 streams on 2 slots (~8 s of work), SIGTERM, --grace 3: the ones that finish in the
-    grace period end normally, every other one with an error frame and [DONE]; exit 1, saying
-    how many were cut."""
-    proc, base, _ = start(bundle_int4, "--slots", "2", "--grace", "3", "--queue", "64")
+    """48 streams on 2 slots (24 pairs of work), SIGTERM, a grace of about 2.5 pairs: the ones
+    that finish in the grace period end normally, every other one with an error frame and
+    [DONE]; exit 1, saying how many were cut. The grace is sized from a pair's time on this
+    machine now (a fixed one would let nothing finish on a loaded machine)."""
+    proc, base, _ = start(bundle_int4, "--slots", "2", "--queue", "64")
+    t0 = time.perf_counter()
+    threads, results = _start_streams(base, 2)
+    for th in threads:
+        th.join(120)
+    pair = time.perf_counter() - t0
+    assert len(results) == 2 and stop(proc)[0] == 0
+    grace = max(1.0, 2.5 * pair)
+    proc, base, _ = start(bundle_int4, "--slots", "2", "--grace", f"{grace:.2f}", "--queue", "64")
     threads, results = _start_streams(base, 48)  # a request arriving after SIGTERM is a 503 instead
     proc.send_signal(signal.SIGTERM)
     for th in threads:
-        th.join(30)
-    proc.wait(30)
+        th.join(grace + 30)
+    proc.wait(grace + 30)
     err = proc.stderr.read().decode()
     assert len(results) == 48 and all(r[-1] == "data: [DONE]" for r in results)
     done = [r for r in results if '"finish_reason": "length"' in r[-2]]
