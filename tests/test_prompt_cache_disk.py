@@ -300,6 +300,9 @@ def test_threads_write_and_a_new_runtime_reads(bundle_int4, backend, home):
     with _open(bundle_int4, backend, slots=3) as rt:
         run(rt, QUESTIONS[:3], got, [])
         rt.prompts.files.flush()
+        for d in OTHER:  # a write the full queue dropped (3 at once, 2 wait) is asked at a later hit
+            rt.generate("support", _text(d, "Is it in stock?"), max_tokens=1)
+        rt.prompts.files.flush()
         assert rt.engine_info()["prompt_cache"]["disk_writes"] == 3
     with _open(bundle_int4, backend, slots=3) as rt:
         run(rt, QUESTIONS[3:], got, [])

@@ -212,7 +212,8 @@ class Requests:
             ids, cuts = ids[turn_hit:], tuple(c - turn_hit for c in cuts if c > turn_hit)
         load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
         snapshot = None
-        if use_prompts and self.prompts.wants(len(full), messages is not None):
+        if use_prompts and self.prompts.wants(len(full), messages is not None) \
+                and self.prompts.get(root, full, full_cuts) is None:  # this very prompt is kept already
             snapshot = self._keeper(root, full, full_cuts,
                                     self.manifest.tasks[task].n_virtual if task is not None else 0)
         return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain, tools),

@@ -188,6 +188,8 @@ class Scheduler:
         elif r in self.waiting:
             self._unqueue(r)
         if r.seq >= 0:
+            if r.snapshot is not None and error is None:
+                self._keep_prompt(r)  # its first token ended it (max_tokens 1, EOS, a stop)
             self.backend.seq_free(r.seq)
             self.free_seqs.append(r.seq)
             r.seq = -1
@@ -359,17 +361,27 @@ class Scheduler:
             if r.next_token is None:
                 r.fed += n
             if sample and not r.cancel_reason:
-                if r.n_samples == 0:
+                first = r.n_samples == 0
+                if first:
                     self._prompt_read(r, lg)
                 self._sample(r, lg)
+                if first and not r.done:
+                    self._keep_prompt(r)  # after the first token is out: no TTFT for the copy
 
-    def _prompt_read(self, r: Request, logits: np.ndarray) -> None:
-        """r has read its whole input: keep its KV for the next turn, fork its other choices."""
-        if r.snapshot is not None:
+    def _keep_prompt(self, r: Request) -> None:
+        """r's KV holds its whole input and nothing after (its first token is sampled, not yet
+        forwarded): hand it to the prompt cache, once. Called after the first token is emitted,
+        or from _finish when that token ended the request, before its sequence is freed."""
+        keep, r.snapshot = r.snapshot, None
+        if keep is not None and r.seq >= 0 and r.pos == r.prompt_end:  # no decoded token's KV
             try:
-                r.snapshot(self.backend, r)
+                keep(self.backend, r)
             except Exception:  # a cache that cannot keep this turn costs the next one a prefill
                 pass
+
+    def _prompt_read(self, r: Request, logits: np.ndarray) -> None:
+        """r has read its whole input: fork its other choices (each samples its first token)."""
+        r.prompt_end = r.pos
         for sib in r.siblings:
             if sib.done:
                 continue

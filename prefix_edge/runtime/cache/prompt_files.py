@@ -334,6 +334,7 @@ class PromptFiles:
         tmp = self.folder / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
             self.backend.write_snapshot(tmp, prefix, meta)
+            _stamp(tmp)
             os.replace(tmp, path)  # never a half-written file under a name
         except BaseException as e:
             try:
@@ -376,7 +377,7 @@ class PromptFiles:
 
     def _touch(self, path: Path) -> None:
         try:
-            os.utime(path)  # its place in the disk's LRU
+            _stamp(path)  # its place in the disk's LRU
         except OSError:
             pass
 
@@ -398,6 +399,14 @@ class PromptFiles:
             return {"disk_files": self.n_files, "disk_bytes": self.n_bytes, "disk_budget_bytes": self.budget,
                     "disk_loads": self.loads, "disk_writes": self.writes, "disk_refused": self.refused,
                     "disk_evicted": self.evicted}
+
+
+def _stamp(path: Path) -> None:
+    """A file's modification time set to now at the clock's full resolution (a plain write or
+    utime takes the kernel's coarse clock: two files written a few ms apart can tie, and the
+    LRU order between them is then a coin flip)."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
 
 
 def _line(e: BaseException) -> str:
