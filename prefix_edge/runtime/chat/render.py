@@ -175,13 +175,17 @@ class ChatRenderer:
         moved = None
         if marks is not None:  # the user's text back, and where it was marked
             text, protected, moved = marks.unmark(rendered)
-        if room is not None and (longer_than(self.tok, text, room + 8) or
-                                 len(self.tok.encode(text, add_special_tokens=False).ids) > room + 8):
-            from ...errors import ContextLengthExceeded
+        whole = None  # the text tokenized at once: counted against room, its token starts for _cuts
+        if room is not None:
+            # a text far past room is counted a chunk at a time first (never tokenized whole);
+            # one within 64 characters a token of it is tokenized once, here
+            if (len(text) > 64 * (room + 8) and longer_than(self.tok, text, room + 8)) or \
+                    len((whole := self.tok.encode(text, add_special_tokens=False)).ids) > room + 8:
+                from ...errors import ContextLengthExceeded
 
-            raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request may "
-                                        "use after the task's prefix (n_ctx)")
-        char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved)
+                raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request "
+                                            "may use after the task's prefix (n_ctx)")
+        char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved, whole)
         ids, cuts, at = [], [], 0
         for c in char_cuts + [len(text)]:
             ids += self._encode(text, at, c, protected)
@@ -190,7 +194,7 @@ class ChatRenderer:
         return ChatPrompt(np.array(ids, np.int64), tuple(cuts[:-1]), messages)
 
     def _cuts(self, own: list, msgs: list, offered, head: str, rendered: str, text: str,
-              moved=None) -> list[int]:
+              moved=None, whole=None) -> list[int]:
         """Where chunks break in `text`: each earlier turn's prompt end (after its generation
         prompt: where the next turn resumes) and the end of each other message followed by one
         that is not a reply, where a token starts there (a system message of documents, resent
@@ -207,7 +211,8 @@ class ChatRenderer:
                     found.add((moved(n) if moved else n, gen))
         if not found:
             return []
-        starts = {a for a, _ in self.tok.encode(text, add_special_tokens=False).offsets}
+        whole = whole if whole is not None else self.tok.encode(text, add_special_tokens=False)
+        starts = {a for a, _ in whole.offsets}
         return sorted({n for n, gen in found if gen or n in starts})
 
     def _encode(self, text: str, lo: int, hi: int, protected: list[tuple[int, int]]) -> list[int]:
