@@ -76,6 +76,11 @@ def test_state_layout_and_fidelity(family):
         be = rt.backend
         assert be.n_kv_heads == 2 and be.recurrent_layers == n_rec, kind  # llama.cpp says 0 KV heads for a recurrent layer 0
         assert be.keeps_partial == (n_rec == 0 and kind != "gemma3-sliding"), kind
+        lay = be.state_layout  # the protocol's description of the same
+        assert lay.recurrent_layers == n_rec and lay.keeps_partial == be.keeps_partial, (kind, lay)
+        assert lay.kv_layers + lay.window_layers + lay.recurrent_layers >= 1, (kind, lay)
+        if kind == "gemma3-sliding":
+            assert (lay.kv_layers, lay.window_layers, lay.window) == (0, 2, 8), lay
         assert rt.prompts.partial == be.keeps_partial
         if kind == "exaone4":  # n_swa 4096 in the model, no sliding-window cache
             assert (be.n_swa, be.state_parts) == (0, 1)

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
 from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.engines.protocol import OneSequence, Opened, fit_prefix
+from prefix_edge.runtime.engines.protocol import OneSequence, Opened, StateLayout, fit_prefix
 from prefix_edge.runtime.prefix import Prefix
 
 N_VOCAB = 64
@@ -61,6 +61,8 @@ class FakeEngine(OneSequence):
                  keeps_partial: bool = True, eos_bias: float = 0.0):
         self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
         self.keeps_partial = keeps_partial
+        # one layer; a state that cannot be cut back is the fake's "recurrent" layer
+        self.state_layout = StateLayout(kv_layers=1, recurrent_layers=0 if keeps_partial else 1)
         self.eos_bias = eos_bias  # added to the end-of-sequence logit (replies end sooner)
         self.seqs: dict[int, list[int]] = {}
         self.log: list[list[tuple[int, int, int]]] = []  # (seq, pos, n tokens) per forward

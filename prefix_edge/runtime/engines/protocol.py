@@ -57,6 +57,23 @@ class EngineConfig:
     longest_prefix: int = 0        # the bundle's longest task prefix (must fit a request)
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """What one sequence's state holds, layer kind by layer kind: what the caches may do with a
+    stored state follows from it (keep only its first positions, or not)."""
+
+    kv_layers: int             # attention layers whose K and V hold every position
+    window_layers: int = 0     # attention layers holding only the last `window` positions (sliding)
+    window: int = 0
+    recurrent_layers: int = 0  # layers with a state of their own (a conv window, an SSM state):
+                               # the state after the last token, with no positions to cut back
+
+    @property
+    def keeps_partial(self) -> bool:
+        """A stored state's first positions alone can be restored: every layer holds them all."""
+        return self.window_layers == 0 and self.recurrent_layers == 0
+
+
 @dataclass
 class Opened:
     """An engine from Engine.from_bundle, with what the scheduler needs to know of it."""
@@ -95,7 +112,8 @@ class Engine(Protocol):
     # would cost a slot's KV): 0 is then also the first slot's, and the one-sequence API on a
     # runtime's engine is for a runtime with no request running.
     single_seq: int
-    keeps_partial: bool  # seq_restore(keep=...) is allowed (every layer holds all its positions)
+    state_layout: StateLayout  # which layers hold KV, a window of it, or a recurrent state
+    keeps_partial: bool  # seq_restore(keep=...) is allowed: state_layout.keeps_partial
 
     @classmethod
     def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ....errors import PrefixEdgeError
-from ..protocol import EngineConfig, OneSequence, Opened, fit_prefix
+from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from .context import ContextSpec, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
@@ -209,11 +209,21 @@ class LlamaBackend(PrefixFiles, OneSequence):
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     @property
+    def state_layout(self) -> StateLayout:
+        """The sequence state as read off the model (and, for sliding-window and hybrid models,
+        off a state of its own): the full-attention layers, llama.cpp's sliding-window cache
+        (only the window's last cells of a state) and the recurrent layers."""
+        full = self.n_layers if self.kv_layers is None else self.kv_layers
+        return StateLayout(kv_layers=full, window_layers=self.swa_n_layer,
+                           window=self.n_swa if self.swa_n_layer else 0,
+                           recurrent_layers=self.recurrent_layers)
+
+    @property
     def keeps_partial(self) -> bool:
         """Whether seq_restore can keep only a state's first positions: not with sliding-window
         layers, whose cache holds only the last cells of the state, nor with recurrent layers,
         whose state is the one after the last token (llama.cpp cannot cut it back)."""
-        return self.swa_n_layer == 0 and self.recurrent is None
+        return self.state_layout.keeps_partial
 
     def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
         """Empty sequence `seq` and install a baked prefix (or nothing) at positions 0..P-1;

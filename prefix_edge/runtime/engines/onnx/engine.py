@@ -23,7 +23,7 @@ import numpy as np
 
 from ....errors import PrefixEdgeError
 from ....bundle import prefixfile
-from ..protocol import EngineConfig, OneSequence, Opened, fit_prefix
+from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from ...prefix import Prefix
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -191,6 +191,12 @@ class OnnxBackend(OneSequence):
     # Sequences run one after another: one row per run keeps every request bit-identical to
     # running alone (see runtime/scheduler.py).
     keeps_partial = True  # seq_restore can keep a state's first positions (every layer holds all)
+
+    @property
+    def state_layout(self) -> StateLayout:
+        """Every layer's KV holds every position (a sliding layer's window is the graph's mask,
+        not a shorter buffer): a stored state can be cut back anywhere."""
+        return StateLayout(kv_layers=self.n_layers)
 
     def _start(self, prefix: Prefix | None, keep: int | None = None) -> tuple:
         """A new sequence's (past, position): the prefix's KV or none.
