@@ -273,3 +273,65 @@ def test_call_writer_joins_to_the_call_at_any_chunking():
     w = CallWriter()
     cut = w.feed(text[:40]) + w.end()  # cut short: everything written is the arguments
     assert "".join(d["function"]["arguments"] for d in cut) == text[len('{"name": "order", "arguments": '):40]
+
+
+
+def _pydantic_tools():
+    """Tools as pydantic writes them (openai.pydantic_function_tool, strict): an Enum and a list
+    of models under `$defs`; `Unit` defined by both tools."""
+    import enum
+
+    import openai
+    from pydantic import BaseModel, Field
+
+    class Unit(str, enum.Enum):
+        C = "C"
+        F = "F"
+
+    class Item(BaseModel):
+        qty: int = Field(ge=1, le=9)
+
+    class Order(BaseModel):
+        items: list[Item] = Field(max_length=1)
+        unit: Unit
+
+    class Temp(BaseModel):
+        unit: Unit
+
+    return {"Order": Order, "Temp": Temp}, [openai.pydantic_function_tool(Order), openai.pydantic_function_tool(Temp)]
+
+
+def test_defs_move_to_the_call_schema_root(bundle_int4):
+    """Each tool's `$defs` at the call schema's root, renamed where two tools share a name, its
+    references following: the schema compiles (llguidance) and a call of either tool validates."""
+    from prefix_edge.runtime.chat.tools import call_schema
+
+    models, tools = _pydantic_tools()
+    schema = call_schema(check_tools(tools, "required"))
+    assert set(schema["$defs"]) == {"Item", "Unit", "Unit_2"} and "$defs" not in json.dumps(schema["anyOf"]).replace('"#/$defs/', "")
+    for call in ({"name": "Order", "arguments": {"items": [{"qty": 2}], "unit": "C"}},
+                 {"name": "Temp", "arguments": {"unit": "F"}}):
+        jsonschema.validate(call, schema)
+        models[call["name"]].model_validate(call["arguments"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "Temp", "arguments": {"unit": "K"}}, schema)
+    with Runtime.open(bundle_int4, backend="onnx") as rt:  # llguidance compiles it (a bad ref is a 400 there)
+        rt.grammars.constraint({"json_schema": schema, "regex": None, "grammar": None}, None)
+
+
+def test_pydantic_tools_with_defs_are_called_valid(client, local):
+    """A pydantic tool with `$defs` (it pointed at nothing when nested under arguments: a 400
+    blaming response_format): forced through the openai SDK, the call parses as the model, and
+    equals the library's. (The smaller tool: the tiny model's 512 positions hold its rendering.)"""
+    models, tools = _pydantic_tools()
+    msgs = [{"role": "user", "content": "hot?"}]
+    choice = {"type": "function", "function": {"name": "Temp"}}
+    r = client.chat.completions.create(model="base", messages=msgs, tools=tools[1:], tool_choice=choice,
+                                       max_tokens=60, temperature=0.0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    call = c.message.tool_calls[0].function
+    assert call.name == "Temp"
+    models["Temp"].model_validate_json(call.arguments)
+    ref = local.generate(None, messages=msgs, tools=tools[1:], tool_choice=choice, max_tokens=60)
+    assert ref.tool_calls[0]["function"]["arguments"] == call.arguments

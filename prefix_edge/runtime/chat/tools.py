@@ -20,6 +20,7 @@ answer: `parallel_tool_calls` is accepted, a model answers with one.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import uuid
@@ -79,14 +80,63 @@ def check_tools(tools, tool_choice) -> ToolSpec | None:
 
 
 def call_schema(spec: ToolSpec) -> dict:
-    """The JSON schema of a forced call."""
-    def one(t):
+    """The JSON schema of a forced call. Each tool's parameters sit at properties.arguments of
+    its branch, so their definitions (`$defs`, `definitions`: what pydantic writes for a nested
+    model, an Enum, a list of models) move to the root, renamed where two tools use one name,
+    and their references follow (a reference to the parameters' own root points at their new
+    place)."""
+    tools = [t for t in spec.tools if spec.choice != "function" or t["function"]["name"] == spec.name]
+    defs: dict = {}
+
+    def one(t, where: str) -> dict:
         f = t["function"]
-        params = f.get("parameters", {"type": "object", "properties": {}})
+        params = _hoist(f.get("parameters", {"type": "object", "properties": {}}),
+                        where + "/properties/arguments", defs)
         return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
                 "required": ["name", "arguments"], "additionalProperties": False}
-    tools = [t for t in spec.tools if spec.choice != "function" or t["function"]["name"] == spec.name]
-    return one(tools[0]) if len(tools) == 1 else {"anyOf": [one(t) for t in tools]}
+    out = one(tools[0], "") if len(tools) == 1 else \
+        {"anyOf": [one(t, f"/anyOf/{i}") for i, t in enumerate(tools)]}
+    if defs:
+        out["$defs"] = defs
+    return out
+
+
+def _hoist(params, where: str, defs: dict):
+    """A copy of one tool's parameters without its definitions, which go into `defs` (renamed
+    where taken); its local references rewritten for the parameters' new place `where`."""
+    if not isinstance(params, dict):
+        return params
+    params = copy.deepcopy(params)
+    names: dict[tuple[str, str], str] = {}
+    for key in ("$defs", "definitions"):
+        found = params.pop(key, None)
+        if not isinstance(found, dict):
+            continue
+        for name, schema in found.items():
+            new, i = name, 1
+            while new in defs:
+                i += 1
+                new = f"{name}_{i}"
+            names[key, name] = new
+            defs[new] = schema
+    todo = [params] + [defs[n] for n in names.values()]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            head, _, rest = ref[2:].partition("/")
+            name, _, tail = rest.partition("/")
+            if head in ("$defs", "definitions") and (head, name) in names:
+                node["$ref"] = f"#/$defs/{names[head, name]}" + (f"/{tail}" if tail else "")
+            elif head not in ("$defs", "definitions"):
+                node["$ref"] = "#" + where + ref[1:]
+        todo.extend(v for k, v in node.items() if k != "$ref")
+    return params
 
 
 def guide(spec: ToolSpec | None, is_native: bool) -> ToolSpec | None:
