@@ -267,8 +267,11 @@ def test_call_writer_joins_to_the_call_at_any_chunking():
     spec = check_tools(SMALL, "required")
     for step in (1, 2, 5, len(text)):
         w = CallWriter()
-        out = [d for i in range(0, len(text), step) for d in w.feed(text[i:i + step])] + w.end()
-        assert out[0]["function"] == {"name": "order", "arguments": ""} and out[0]["id"] == w.id
+        fed = [w.feed(text[i:i + step]) for i in range(0, len(text), step)] + [w.end()]
+        assert all(len(d) <= 1 for d in fed)  # one entry per index per chunk
+        out = [d for ds in fed for d in ds]
+        assert out[0]["function"]["name"] == "order" and out[0]["id"] == w.id
+        assert all("id" not in d and "name" not in d["function"] for d in out[1:])
         assert "".join(d["function"]["arguments"] for d in out) == read_call(text, spec)[0]["function"]["arguments"]
     w = CallWriter()
     cut = w.feed(text[:40]) + w.end()  # cut short: everything written is the arguments
@@ -335,3 +338,31 @@ def test_pydantic_tools_with_defs_are_called_valid(client, local):
     models["Temp"].model_validate_json(call.arguments)
     ref = local.generate(None, messages=msgs, tools=tools[1:], tool_choice=choice, max_tokens=60)
     assert ref.tool_calls[0]["function"]["arguments"] == call.arguments
+
+
+def test_a_streamed_call_has_one_entry_per_index_per_chunk(client, server):
+    """A streamed forced call in OpenAI's chunk shape: never two tool_calls entries of one index
+    in one chunk (the first used to carry id+name and then the first argument bytes), so the
+    openai SDK's stream helper assembles and parses it."""
+    msgs = [{"role": "user", "content": INPUTS[0]}]
+    choice = {"type": "function", "function": {"name": "order"}}
+    chunks = 0
+    with httpx.stream("POST", server + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "base", "messages": msgs, "tools": SMALL, "tool_choice": choice,
+                            "stream": True, "max_tokens": 80, "temperature": 0.0}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for ch in json.loads(line[6:])["choices"]:
+                idx = [t["index"] for t in ch["delta"].get("tool_calls") or []]
+                assert len(idx) == len(set(idx)), ch
+                chunks += bool(idx)
+    assert chunks >= 2  # the id and name, then arguments in later chunks
+    with client.chat.completions.stream(model="base", messages=msgs, tools=SMALL, tool_choice=choice,
+                                        max_tokens=80, temperature=0.0) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "order" and final.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), ORDER["function"]["parameters"])

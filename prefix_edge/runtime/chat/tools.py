@@ -324,7 +324,11 @@ class CallWriter:
                         "function": {"name": self.name, "arguments": ""}})
         args = self.text[self._at:]
         keep = len(args) - len(re.search(r"\}?\s*\Z", args).group(0))
-        return out + self._send(args[:keep])
+        sent = self._send(args[:keep])
+        if out and sent:  # one entry per index in a chunk (OpenAI's shape; SDK stream helpers rely on it)
+            out[0]["function"]["arguments"] = sent[0]["function"]["arguments"]
+            return out
+        return out + sent
 
     def end(self) -> list[dict]:
         """The rest of the arguments: without the call's close when the call is whole (else
