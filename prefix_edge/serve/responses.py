@@ -147,7 +147,8 @@ class Responses:
                                    "previous_response_not_found")
                 history = _copy(got[1])
             messages = _messages(body, history)
-            sampling = {k: body[k] for k in ("temperature", "top_p", "seed") if k in body}
+            sampling = {k: body[k] for k in ("temperature", "top_p", "seed", "documents",
+                                             "compose_documents") if k in body}
             if body.get("max_output_tokens") is not None:
                 sampling["max_tokens"] = body["max_output_tokens"]
             top = body.get("top_logprobs")
@@ -274,7 +275,7 @@ class Responses:
                         yield event("response.output_item.added", output_index=0, item={
                             "type": "function_call", "id": fc, "call_id": router.writer.id,
                             "status": "in_progress", "name": router.writer.name, "arguments": ""})
-                    else:
+                    if d["function"].get("arguments"):  # the head may carry the first fragment
                         yield event("response.function_call_arguments.delta", item_id=fc, output_index=0,
                                     delta=d["function"]["arguments"])
 
