@@ -11,7 +11,10 @@ thousands of shape/concat/gather ops:
 
 Inputs: input_ids [batch, seq] int64, past_key_values.{i}.key|value [batch, n_kv, L, head_dim]
 float, seqlens_k [batch] int32 (total length - 1), total_sequence_length [] int32. Outputs:
-logits [batch, 1, vocab] (the last position: all a decoder needs), present.{i}.key|value.
+logits [batch, 1, vocab] (the last position: all a decoder needs), present.{i}.key|value, and
+hidden_states [batch, seq, hidden] (the final norm's output at every position: what the lm_head
+reads, and what `Runtime.embed` pools; bundles exported before it lack it, and embed refuses them
+with onnx in one line naming the re-export). A run that binds no hidden_states gets none copied.
 GroupQueryAttention writes the new KV into the past buffer itself when past and present are the
 same buffer (the runtime binds them so: runtime/engines/onnx/engine.py), so a step copies no KV, and restoring a
 baked prefix is a copy into the first P positions. The KV names and layout are optimum's, so a
@@ -34,6 +37,14 @@ Supported, each checked against transformers (tests/test_architectures.py):
   their own RoPE (rope_local_base_freq, no scaling: a second cos/sin cache), global layers
   rope_theta with the config's rope_scaling. Logit soft-capping and bidirectional attention are
   refused.
+- Olmo2ForCausalLM and Exaone4ForCausalLM: no pre-norms, a post-norm on each sublayer's output
+  before its residual add (explicit Adds); OLMo 2's q/k norms span the whole projection,
+  EXAONE 4.0's are per head, and its config's layer_types give sliding layers (RoPE, GQA's local
+  window) and global layers (no RoPE when sliding_window is set);
+- HunYuanDenseV1ForCausalLM: per-head q/k norms after the rotary, so the rotary is a
+  RotaryEmbedding op before them (positions from seqlens_k) and GQA's is off; its dynamic RoPE
+  with an NTK alpha is a fixed base within max_position_embeddings, built as transformers does;
+- Ernie4_5ForCausalLM: interleaved rotary (pairs 2i, 2i+1), use_bias on every projection.
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
@@ -50,10 +61,14 @@ import numpy as np
 from ..errors import PrefixEdgeError
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                 "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM")
+                 "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
+                 "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM")
+POST_NORMS = ("Olmo2ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
+HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 OPSET = 18  # Split's num_outputs
+HIDDEN_STATES = "hidden_states"  # the output embeddings read (a bundle without it: no onnx embeddings)
 
 
 def _refuse(what: str) -> PrefixEdgeError:
@@ -71,6 +86,8 @@ def _config(hf_dir: Path) -> dict:
                               f"{', '.join(ARCHITECTURES)}); export with{gguf} --onnx-builder optimum")
     scaling = cfg.get("rope_scaling") or {}
     kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind == "dynamic" and arch == HUNYUAN and scaling.get("alpha"):
+        kind = "default"  # NTK alpha: a fixed base up to max_position_embeddings (rope_cache)
     if kind not in ROPE_TYPES:
         raise _refuse(f"{kind!r} RoPE scaling (it depends on the sequence length)" if kind in
                       ("dynamic", "longrope") else f"{kind!r} RoPE scaling")
@@ -79,7 +96,8 @@ def _config(hf_dir: Path) -> dict:
         cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != ("gelu_pytorch_tanh" if gemma else "silu"):
         raise _refuse(f"{act!r} activation{' on ' + arch if gemma else ''}")
-    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM"):
+    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM",
+                                              "Exaone4ForCausalLM"):
         raise _refuse(f"attention bias on {arch}")
     if cfg.get("mlp_bias"):
         raise _refuse("MLP bias")
@@ -132,8 +150,14 @@ def rope_cache(hf_dir: Path, n_pos: int, local: bool = False) -> tuple[np.ndarra
     config = AutoConfig.from_pretrained(str(hf_dir))
     if local:
         config.rope_theta, config.rope_scaling = config.rope_local_base_freq, {"rope_type": "default"}
-    kind = (getattr(config, "rope_scaling", None) or {}).get("rope_type", "default")
-    inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind == "dynamic" and scaling.get("alpha"):  # Hunyuan's NTK alpha
+        dim = config.head_dim  # as HunYuanDenseV1RotaryEmbedding: the base scaled, no attention factor
+        base = config.rope_theta * scaling["alpha"] ** (dim / (dim - 2))
+        inv, scale = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), 1.0
+    else:
+        inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
     freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv.float()[None, :]
     return (freqs.cos() * scale).numpy().astype(np.float32), (freqs.sin() * scale).numpy().astype(np.float32)
 
@@ -157,7 +181,12 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     window = int(window) if window and int(window) < n_pos else -1
     gemma = arch == "Gemma3ForCausalLM"
-    qk_norm = arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM")
+    # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
+    # the rotary (Hunyuan: the rotary leaves GQA), or none
+    qk_norm = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
+               "Olmo2ForCausalLM": "whole", HUNYUAN: "after_rope"}.get(arch)
+    qk_keys = ("query_layernorm", "key_layernorm") if arch == HUNYUAN else ("q_norm", "k_norm")
+    post_norms = arch in POST_NORMS
     granite = arch == "GraniteForCausalLM"
     rope_on = [True] * n_layers
     if arch == "SmolLM3ForCausalLM":
@@ -175,6 +204,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         for k in w:  # Gemma3RMSNorm scales by (1 + w)
             if k.endswith("norm.weight"):
                 w[k] = w[k] + np.float32(1.0)
+    if arch == "Exaone4ForCausalLM":  # sliding layers: RoPE and the window; global: NoPE if windowed
+        from transformers import AutoConfig
+
+        ec = AutoConfig.from_pretrained(str(hf_dir))
+        sliding = [t == "sliding_attention" for t in ec.layer_types]
+        windows = [window if s else -1 for s in sliding]
+        rope_on = [s or ec.sliding_window is None for s in sliding]
     res_mult = float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0
     if arch == "Phi3ForCausalLM":  # fused projections, split as HF splits them
         q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
@@ -241,11 +277,24 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
         x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
                  ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
+    if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
+        seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
+                              init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
+        past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
+                            node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
+        steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
+                     "/pos/Range")
+        node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
+                          "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
     residual, pending = x, None
     outputs = []
     for i in range(n_layers):
         p = f"model.layers.{i}"
-        if pending is None:
+        if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
+            if pending is not None:
+                residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
+            h = residual
+        elif pending is None:
             h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
         else:
             ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
@@ -255,31 +304,43 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         # q, k and v in one MatMul: GroupQueryAttention takes the packed [q; k; v] rows
         qkv = linear(h, [f"{p}.self_attn.{x}_proj" for x in "qkv"], f"/{p}/attn/qkv_proj")
         qkv_in = [qkv, "", ""]
-        if qk_norm:  # per-head norms between the projection and the rotary: unpacked
+        if qk_norm:  # q/k norms between the projection and the attention: unpacked
             q, k, v = node("Split", [qkv, init(f"/{p}/attn/sizes", np.array(
                 [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], np.int64))],
                 [f"/{p}/attn/q", f"/{p}/attn/k", f"/{p}/attn/v"], f"/{p}/attn/Split", axis=-1)
-            qkv_in = [head_norm(q, f"{p}.self_attn.q_norm.weight", n_heads, f"/{p}/attn/q_norm"),
-                      head_norm(k, f"{p}.self_attn.k_norm.weight", n_kv, f"/{p}/attn/k_norm"), v]
+            qk = []
+            for t, key, heads in (("q", qk_keys[0], n_heads), ("k", qk_keys[1], n_kv)):
+                t_in = q if t == "q" else k
+                if qk_norm == "after_rope":
+                    t_in = node("RotaryEmbedding", [t_in, "position_ids", "cos_cache", "sin_cache"],
+                                [f"/{p}/attn/{t}_rope"], f"/{p}/attn/{t}_rope", domain="com.microsoft",
+                                interleaved=0, num_heads=heads)
+                qk.append(norm(t_in, f"{p}.self_attn.{key}.weight", f"/{p}/attn/{key}") if qk_norm == "whole"
+                          else head_norm(t_in, f"{p}.self_attn.{key}.weight", heads, f"/{p}/attn/{key}"))
+            qkv_in = [*qk, v]
         pk, pv = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         ok, ov = f"present.{i}.key", f"present.{i}.value"
-        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=int(rope_on[i]), rotary_interleaved=0,
-                     scale=attn_scale)
+        gqa_rope = rope_on[i] and qk_norm != "after_rope"
+        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=int(gqa_rope), scale=attn_scale,
+                     rotary_interleaved=int(arch == "Ernie4_5ForCausalLM"))
         if windows[i] >= 0:
             attrs["local_window_size"] = windows[i]
-        rope = [f"{t}_cache{'_local' if local[i] else ''}" if rope_on[i] else "" for t in ("cos", "sin")]
+        rope = [f"{t}_cache{'_local' if local[i] else ''}" if gqa_rope else "" for t in ("cos", "sin")]
         a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length", *rope],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
         outputs += [ok, ov]
         o = linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
-        if gemma:  # Gemma's sandwich: each sublayer's output normed before its residual add
+        if gemma or post_norms:  # each sublayer's output normed before its residual add
             o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
-        ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
-        ln2 = init(ln2_key, w[ln2_key])
-        h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
-                                  [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
-                                  domain="com.microsoft", epsilon=eps)
+        if post_norms:
+            residual = h2 = node("Add", [o, residual], [f"/{p}/attn/residual"], f"/{p}/attn/Add")
+        else:
+            ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
+            ln2 = init(ln2_key, w[ln2_key])
+            h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
+                                      [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
+                                      domain="com.microsoft", epsilon=eps)
         gu_ = linear(h2, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], f"/{p}/mlp/gate_up_proj")
         g, u = node("Split", [gu_], [f"/{p}/mlp/gate", f"/{p}/mlp/up"], f"/{p}/mlp/Split", axis=-1,
                     num_outputs=2)
@@ -290,10 +351,11 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
         gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
         pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
-        if gemma:
+        if gemma or post_norms:
             pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
     final = init("model.norm.weight", w["model.norm.weight"])
-    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], ["/model/norm/out"],
+    # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)
+    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], [HIDDEN_STATES],
               "/model/norm", domain="com.microsoft", epsilon=eps)
     last = node("Slice", [hn, init("last_start", np.array([-1], np.int64)),
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
@@ -311,7 +373,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape) for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
                helper.make_tensor_value_info("total_sequence_length", i32, [])]
-    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(head.shape[0])])]
+    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(head.shape[0])]),
+            helper.make_tensor_value_info(HIDDEN_STATES, f32, ["batch", "seq", hidden])]
     outs += [helper.make_tensor_value_info(n, f32, ["batch", n_kv, "total_len", head_dim]) for n in outputs]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),

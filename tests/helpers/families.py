@@ -47,6 +47,12 @@ FAMILIES = {
         layer_types=["sliding_attention"] * 2, query_pre_attn_scalar=16, tie_word_embeddings=True,
         rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh"), 0),
 }
+# dense families only the own ONNX graph's tests build (tests/test_families_onnx.py): ERNIE 4.5
+# (interleaved rotary, use_bias on every projection)
+MORE = {
+    "ernie4_5": ("Ernie4_5ForCausalLM", dict(
+        head_dim=16, use_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=5e5), 0),
+}
 
 
 def build_family(kind: str, out: Path, **overrides):
@@ -55,7 +61,7 @@ def build_family(kind: str, out: Path, **overrides):
     import torch
     import transformers
 
-    cls_name, extras, _ = FAMILIES[kind]
+    cls_name, extras, _ = {**FAMILIES, **MORE}[kind]
     tokenizer = train_tokenizer("gpt2")
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
     vocab = -(-len(tokenizer) // 8) * 8 if kind == "granitehybrid" else len(tokenizer)

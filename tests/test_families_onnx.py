@@ -1,0 +1,131 @@
+"""The dense 2025-26 families on the own ONNX graph (export/onnx_graph.py), each a tiny seeded
+checkpoint (tests/helpers/families.py) exported once with `--format onnx --quantize none`:
+OLMo 2 (post-norms, q/k norms over the whole projection), EXAONE 4.0 (per-head q/k norms,
+post-norms; as the family helper builds it, and a 4-layer one with a window of 8 whose last layer
+is global and has no RoPE), Hunyuan dense (per-head q/k norms after the rotary; with the NTK-alpha
+dynamic RoPE real checkpoints ship) and ERNIE 4.5 (interleaved rotary, biases everywhere):
+- fp32 logits at every position match transformers to 1e-4, stepped one token at a time, in
+  chunks and as one prefill, and the greedy tokens agree;
+- a baked chat prefix and a baked text prefix give the first-step logits (1e-5) and the greedy
+  tokens of prefilling them;
+- the default export command (`--format onnx,gguf`) writes both engines for one of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+
+from .helpers.families import build_family
+from .helpers.parity import baked_and_prefilled
+
+pytestmark = pytest.mark.integration
+
+ATOL = 1e-4
+N = 8
+TASKS = f'''
+[task.support]
+system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
+max_tokens = {N}
+
+[task.raw]
+kind = "text"
+prefix = "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,141 apples. "
+template = "{{input}} =>"
+max_tokens = {N}
+'''
+INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
+# name -> (tests/helpers/families.py kind, config overrides)
+CASES = {
+    "olmo2": ("olmo2", {}),
+    "exaone4": ("exaone4", {}),
+    "exaone4-window": ("exaone4", dict(num_hidden_layers=4, sliding_window=8)),
+    "hunyuan": ("hunyuan", dict(rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})),
+    "ernie4_5": ("ernie4_5", {}),
+}
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def family(request, tmp_path_factory):
+    """One checkpoint and one ONNX export per case for the whole module."""
+    name = request.param
+    if name not in _BUILT:
+        from prefix_edge.export.build import export_bundle
+
+        kind, overrides = CASES[name]
+        root = tmp_path_factory.mktemp(f"onnx-{name}")
+        model, tok = build_family(kind, root / "model", **overrides)
+        (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
+        manifest = export_bundle(root / "model", root / "tasks.toml", root / "bundle", formats=("onnx",),
+                                 quantize="none", progress=False)
+        _BUILT[name] = (model, tok, root, manifest)
+    model, tok, root, manifest = _BUILT[name]
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        yield name, model, tok, manifest, rt
+
+
+def test_logits_match_transformers_at_every_position(family):
+    import torch
+
+    name, model, tok, manifest, rt = family
+    if name == "exaone4-window":  # the window slides, and the last layer attends to all, unrotated
+        assert model.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    be, worst = rt.backend, 0.0
+    prompts = [tok.encode(t, add_special_tokens=False) for t in INPUTS]
+    prompts.append(np.random.default_rng(0).integers(0, len(tok), 40).tolist())  # specials included
+    for ids in prompts:
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0].numpy()
+        be.begin(None)
+        stepped = np.array([be.prefill(np.array(ids[:1], np.int64))] + [be.step(t) for t in ids[1:]])
+        be.begin(None)
+        whole = be.prefill(np.array(ids, np.int64))
+        cut = len(ids) // 2 + 1
+        be.begin(None)
+        chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
+        for what, got, want in (("stepped", stepped, ref), ("whole", whole, ref[-1]),
+                                ("chunks", chunks, ref[[cut - 1, -1]])):
+            d = float(np.max(np.abs(got - want)))
+            worst = max(worst, d)
+            assert d <= ATOL, (name, what, len(ids), d)
+        assert (stepped.argmax(-1) == ref.argmax(-1)).all(), name
+    fid = manifest.extra["fidelity"]["onnx"]
+    assert fid["max_abs_logit_diff_first_token"] <= ATOL and fid["greedy_8_agrees"] == fid["probes"], fid
+    print(f"\n{name} onnx fp32: max |Δlogit| vs transformers = {worst:.2e}")
+
+
+def test_baked_prefix_is_the_prefill(family):
+    name, _, _, manifest, rt = family
+    for task in ("support", "raw"):
+        assert manifest.tasks[task].prefix_tokens > 10, (name, task)
+        for text in INPUTS:
+            baked, full = baked_and_prefilled(rt, task, text)
+            assert np.max(np.abs(baked - full)) < 1e-5, (name, task, text)
+            a = rt.generate(task, text, max_tokens=N)
+            b = rt.generate(task, text, max_tokens=N, use_prefix_cache=False)
+            assert a.tokens == b.tokens and len(a.tokens) > 0, (name, task, text)
+
+
+def test_default_export_command_builds_both_engines(tmp_path):
+    """`prefix-edge export DIR --tasks T --format onnx,gguf --quantize none` on Hunyuan dense (the
+    own ONNX builder refused it before), both engines' baked prefixes equal to their prefill."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("llama_cpp")
+    build_family("hunyuan", tmp_path / "model")
+    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    cmd = [sys.executable, "-m", "prefix_edge", "export", str(tmp_path / "model"), "--tasks",
+           str(tmp_path / "tasks.toml"), "--format", "onnx,gguf", "--quantize", "none", "--out",
+           str(tmp_path / "bundle")]
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env={**os.environ, "PREFIX_EDGE_HOME": str(tmp_path / "home")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    for backend in ("onnx", "gguf"):
+        with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
+            baked, full = baked_and_prefilled(rt, "support", INPUTS[0])
+            assert np.max(np.abs(baked - full)) < 1e-5, backend
