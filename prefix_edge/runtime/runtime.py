@@ -21,6 +21,7 @@ from .cache.prefixes import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
+from .embedding import Embedder
 from .cache.prompts import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
 
 if TYPE_CHECKING:
@@ -91,7 +92,10 @@ class Runtime:
                                 kv_cells=opened.kv_cells)
         self.requests = Requests(bundle, tokenizer, backend, self.n_ctx, self.prefixes, self.prompts,
                                  self._prefix_lock, lambda: self._sched.closed)
+        if opened.shared_kv and opened.kv_cells:  # no max_tokens: a slot's share of the one cache
+            self.requests.open_cells = opened.kv_cells // slots
         self.eos = self.requests.eos
+        self.embeddings = Embedder(backend, tokenizer, self.n_ctx)  # embed(): a thread of its own
 
     # -- the caller's-thread half (prepare.py), as the API and the server use it ---------
     def options(self, task: str | None, overrides: dict):
@@ -208,9 +212,10 @@ class Runtime:
 
     def generate(self, task: str | None, text: str | None = None, timeout: float | None = None, *,
                  messages: list | None = None, **overrides) -> Result:
-        """Run one request to its end: `text` (the task's input) or `messages` (a conversation,
-        rendered by the model's chat template after the task's prefix; task None: the base
-        model, no prefix). With `timeout` (seconds) a request still running then is cancelled
+        """Run one request to its end: `text` (the task's input; task None: a plain prompt to the
+        base model; or token ids, placed after the prefix as given) or `messages` (a
+        conversation, rendered by the model's chat template after the task's prefix; task None:
+        the base model, no prefix). No max_tokens (nor the task's): to the end of the context. With `timeout` (seconds) a request still running then is cancelled
         and returns what it has, with finish_reason "timeout"."""
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):
@@ -230,7 +235,7 @@ class Runtime:
         (choice i > 0 samples with seed + i when a seed is given). A Stream per choice."""
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self._sched.slots:
             raise PrefixEdgeError(f"n must be an integer in [1, {self._sched.slots}] (this "
-                                  f"runtime's slots), got {n!r}")
+                                  f"runtime's slots), got {n!r}", param="n")
         req = self.requests.request(task, text, overrides, messages)
         for i in range(1, n):
             sib = self.requests.sibling(req, i, overrides)
@@ -246,6 +251,15 @@ class Runtime:
         """`async for chunk in rt.astream(...)`: the asyncio counterpart of stream() (same
         `result` and `cancel()`). Leaving the loop early (break, task cancelled) cancels it."""
         return AsyncStream(self.stream(task, text, messages=messages, **overrides))
+
+    def embed(self, texts, pooling: str = "mean", normalize: bool = True):
+        """Sentence embeddings from the bundle's model: a float32 array (len(texts), hidden size).
+        texts: a string, a list of strings, or token ids (a list of ints, or a list of such lists),
+        tokenized as they are (no chat template, no task prefix). pooling: "mean" over the
+        text's tokens or "last" (the last token's final hidden state); normalize: L2 to unit
+        length. Calls from any thread are batched together by the embedder's own thread
+        (runtime/embedding.py); docs/embeddings.md."""
+        return self.embeddings.embed(texts, pooling, normalize)
 
     def chat(self, task: str | None = None, system: str | None = None, **defaults) -> "Conversation":
         """A conversation with a task (None: the base model): `.send(text)` / `.stream(text)`
@@ -264,6 +278,7 @@ class Runtime:
     def close(self) -> None:
         """Refuse new requests, end the running ones (finish_reason "cancelled") and give the
         engine's native memory back. Safe to call twice and from any thread."""
+        self.embeddings.close()  # its llama.cpp contexts go before the engine's model
         self._sched.close()
         with self._prefix_lock:
             self.prefixes.clear()
@@ -277,6 +292,8 @@ class Runtime:
 
     def __del__(self):  # a runtime dropped without close(): its engine thread still ends
         try:
+            if hasattr(self, "embeddings"):  # its thread and llama.cpp contexts, before the model
+                self.embeddings.close()
             self._sched.close(wait=False)
         except Exception:
             pass

@@ -1,7 +1,8 @@
 """An OpenAI-compatible local server where a task is a model (FastAPI + uvicorn).
 
     GET  /health, /metrics (Prometheus text), /v1/models, /v1/models/{id}, /v1/responses/{id}
-    POST /v1/chat/completions, /v1/completions (completions.py), /v1/responses (responses.py)
+    POST /v1/chat/completions, /v1/completions (completions.py), /v1/responses (responses.py),
+         /v1/embeddings (embeddings.py)
     DELETE /v1/responses/{id}
 
 One Runtime serves every request (its scheduler batches them). A task is a model; the model
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from .completions import BASE_MODEL, Completions
+from .embeddings import Embeddings
 from .limits import BODY_TIMEOUT, MAX_BODY, BodyLimits
 from .metrics import Metrics
 from .responses import Responses
@@ -72,8 +74,10 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
+        # credentials (cookies, Authorization) for origins named explicitly; never with "*"
+        # (the CORS spec forbids a wildcard origin with credentials)
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
-                           allow_headers=["*"])
+                           allow_headers=["*"], allow_credentials="*" not in cors_origins)
     app.add_middleware(BodyLimits, max_body=max_body, timeout=body_timeout, readers=state.readers)
 
     @app.get("/health")
@@ -129,6 +133,11 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
     completer = Completions(rt, metrics, state, error)
     responder = Responses(rt, metrics, state, error, stored_responses)
+    embedder = Embeddings(rt, metrics, state, error)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await embedder(request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

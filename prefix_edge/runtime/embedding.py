@@ -1,0 +1,252 @@
+"""Sentence embeddings from the bundle's own model (`Runtime.embed`, the server's /v1/embeddings).
+
+A text is tokenized by the bundle's tokenizer as it is (no chat template, no task prefix, no
+BOS added; a special token it spells stays text), run through the model from position 0, and its
+final-norm hidden states (what the lm_head reads) pooled: "mean" over the text's tokens or
+"last" (the last token's, which has attended to every token before it), then L2-normalised
+unless asked not to. Engines: llama.cpp's embeddings mode (engines/llama/embedding.py: pooled
+by llama.cpp) and the own ONNX graph's hidden_states output (engines/onnx/embedding.py: pooled
+here). A text's vector does not depend on what it is batched with (ONNX: bit-identical; llama.cpp:
+within float rounding, tests/test_embeddings.py) nor on the engine beyond the model files'
+own difference (docs/embeddings.md has the measured cosines).
+
+Threads: the embedder has one thread of its own, started on the first call, which alone touches
+its native state (llama.cpp's embeddings contexts, the ONNX KV buffer); the scheduler's engine
+thread is not involved, and the two share the CPU. Calls from any thread queue their texts; the
+embedder's thread takes the queue in batches (up to MAX_BATCH texts and `cells` tokens for
+llama.cpp, whose one llama_decode runs them together), so concurrent callers are batched together.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+
+import numpy as np
+
+from ..errors import PrefixEdgeError, RuntimeClosed
+from ..options import MAX_INPUT_BYTES, OptionError, check_text
+
+POOLINGS = ("mean", "last")
+MAX_INPUTS = 2048   # texts in one call (OpenAI's limit for one embeddings request)
+MAX_TOKENS = 2048   # tokens of one text (and of one llama.cpp batch: its embeddings context's cells)
+MAX_BATCH = 16      # texts the embedder's thread runs together (llama.cpp: one llama_decode)
+
+
+class Job:
+    """One call: its texts' ids, pooling, and the vectors as they come."""
+
+    def __init__(self, ids: list[np.ndarray], pooling: str, normalize: bool):
+        self.ids, self.pooling, self.normalize = ids, pooling, normalize
+        self.out: list[np.ndarray | None] = [None] * len(ids)
+        self.left = len(ids)
+        self.future: Future = Future()
+        self.tokens = sum(len(i) for i in ids)
+
+
+class Embedder:
+    """The runtime's embeddings: `submit(items, pooling, normalize)` -> a Future of the
+    (n, d) float32 array; `embed(...)` waits for it."""
+
+    def __init__(self, backend, tokenizer, n_ctx: int):
+        self.backend, self.tokenizer = backend, tokenizer
+        self.max_tokens = min(n_ctx, MAX_TOKENS)
+        self.n_vocab = int(backend.n_vocab)
+        self._units: deque = deque()  # (job, index) of texts not yet run
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._runner = None  # engine-specific, made in the embedder's thread
+        self._text_tok = None
+        self._why: str | None = None  # unsupported(), once
+
+    # -- the caller's thread: inputs checked and tokenized ------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        if self._text_tok is None:  # special tokens the text spells are encoded as text
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_str(self.tokenizer.to_str())
+            tok.encode_special_tokens = True
+            self._text_tok = tok
+        return self._text_tok.encode(text, add_special_tokens=False).ids
+
+    def prepare(self, items, field: str = "input") -> list[np.ndarray]:
+        """The texts (or token-id lists) of a call as id arrays, each checked: OptionError
+        naming `field` (and the item, input[i]) otherwise."""
+        if isinstance(items, str) or (isinstance(items, (list, tuple)) and items
+                                      and all(isinstance(t, int) and not isinstance(t, bool) for t in items)):
+            items = [items]  # one text, or one text's token ids
+        if not isinstance(items, (list, tuple)) or not items:
+            raise OptionError(field, f"{field} must be a string, a non-empty list of strings, or token "
+                                     f"ids (a list of integers, or a list of such lists), got {_kind(items)}")
+        if len(items) > MAX_INPUTS:
+            raise OptionError(field, f"{field} has {len(items)} items; at most {MAX_INPUTS} in one call")
+        total, out = 0, []
+        for i, item in enumerate(items):
+            where = f"{field}[{i}]" if len(items) > 1 else field
+            if isinstance(item, str):
+                total += check_text(item, where)
+                if total > MAX_INPUT_BYTES:
+                    raise OptionError(field, f"{field}'s texts are more than {MAX_INPUT_BYTES} bytes of "
+                                             "UTF-8 together (MAX_INPUT_BYTES)")
+                if not item:
+                    raise OptionError(field, f"{where} is an empty string: nothing to embed")
+                ids = self._encode(item)
+            elif isinstance(item, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in item):
+                if not item:
+                    raise OptionError(field, f"{where} is an empty list of token ids: nothing to embed")
+                ids = list(item)
+                bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+                if bad is not None:
+                    raise OptionError(field, f"{where}: token id {bad} is outside this model's "
+                                             f"vocabulary (0..{self.n_vocab - 1})")
+            else:
+                raise OptionError(field, f"{where} must be a string or a list of token ids, got {_kind(item)}")
+            if not ids:
+                raise OptionError(field, f"{where} has no tokens: nothing to embed")
+            if len(ids) > self.max_tokens:
+                raise OptionError(field, f"{where} is {len(ids)} tokens; an embedding input may be at "
+                                         f"most {self.max_tokens} tokens")
+            out.append(np.asarray(ids, np.int64))
+        return out
+
+    def submit(self, items, pooling: str = "mean", normalize: bool = True, field: str = "input") -> Job:
+        """Check and tokenize here (errors at the call), queue for the embedder's thread."""
+        if pooling not in POOLINGS:
+            raise OptionError("pooling", f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if not isinstance(normalize, bool):
+            raise OptionError("normalize", f"normalize must be true or false, got {normalize!r}")
+        why = self.unsupported()
+        if why is not None:
+            raise PrefixEdgeError(why)
+        job = Job(self.prepare(items, field), pooling, normalize)
+        with self._cv:
+            if self._closed:
+                raise RuntimeClosed("the runtime is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="prefix-edge-embed", daemon=True)
+                self._thread.start()
+            self._units.extend((job, i) for i in range(len(job.ids)))
+            self._cv.notify()
+        return job
+
+    def embed(self, items, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
+        return self.submit(items, pooling, normalize).future.result()
+
+    # -- the embedder's thread -----------------------------------------------------------------
+    def _take(self) -> list:
+        """The next batch: queued texts of the first one's pooling, in order, up to MAX_BATCH
+        texts and (llama.cpp) max_tokens tokens."""
+        first = self._units[0][0].pooling
+        batch, tokens, keep = [], 0, deque()
+        cap = MAX_BATCH if self.backend.name == "gguf" else 1
+        while self._units:
+            job, i = unit = self._units.popleft()
+            n = len(job.ids[i])
+            if job.future.done() or (len(batch) < cap and job.pooling == first and tokens + n <= self.max_tokens):
+                if not job.future.done():
+                    batch.append(unit)
+                    tokens += n
+            else:
+                keep.append(unit)
+        self._units.extendleft(reversed(keep))
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._units and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                batch = self._take()
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list) -> None:
+        try:
+            if self._runner is None:
+                self._runner = self._make_runner()
+            pooling = batch[0][0].pooling
+            if self.backend.name == "gguf":
+                vecs = self._runner.pooled([job.ids[i] for job, i in batch], pooling)
+            else:
+                vecs = [pool(self._runner.hidden(job.ids[i]), pooling) for job, i in batch]
+        except Exception as e:  # every call in the batch gets the error
+            err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(f"embedding failed: {e}")
+            for job, _ in batch:
+                _settle(job.future, error=err)
+            return
+        for (job, i), v in zip(batch, vecs):
+            if job.normalize:
+                v = v / max(float(np.linalg.norm(v)), 1e-12)
+            job.out[i] = v.astype(np.float32, copy=False)
+            job.left -= 1
+            if job.left == 0:
+                _settle(job.future, np.stack(job.out))
+
+    def _make_runner(self):
+        if self.backend.name == "gguf":
+            from .engines.llama.embedding import LlamaPooled
+
+            return LlamaPooled(self.backend, self.max_tokens, MAX_BATCH)
+        from .engines.onnx.embedding import OnnxHidden
+
+        return OnnxHidden(self.backend)
+
+    @property
+    def dimensions(self) -> int:
+        """The length of a vector: the model's hidden size (0: this runtime cannot embed)."""
+        be = self.backend
+        if be.name == "gguf":
+            return int(be.n_embd)
+        from .engines.onnx.embedding import HIDDEN_STATES
+
+        out = next((o for o in be.session.get_outputs() if o.name == HIDDEN_STATES), None)
+        return int(out.shape[-1]) if out is not None and isinstance(out.shape[-1], int) else 0
+
+    def unsupported(self) -> str | None:
+        """Why this runtime cannot embed (an ONNX graph without hidden_states), or None."""
+        if self.backend.name == "onnx" and self._why is None:
+            from .engines.onnx.embedding import unsupported
+
+            self._why = unsupported(self.backend) or ""
+        return self._why or None
+
+    def close(self) -> None:
+        """End the thread (queued calls get RuntimeClosed) and free the native state; before
+        the engine closes (a llama.cpp context must go before its model)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        with self._cv:
+            left, self._units = list(self._units), deque()
+        for job, _ in left:
+            _settle(job.future, error=RuntimeClosed("the runtime is closed"))
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+
+def _settle(future: Future, value=None, error: BaseException | None = None) -> None:
+    """A call's result or error, unless it is over already (failed, or cancelled by its caller
+    from another thread meanwhile)."""
+    try:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(value)
+    except InvalidStateError:
+        pass
+
+
+def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """[n, d] hidden states -> [d]: their mean, or the last one."""
+    return hidden.mean(axis=0, dtype=np.float32) if pooling == "mean" else hidden[-1].copy()
+
+
+def _kind(v) -> str:
+    return type(v).__name__ if not isinstance(v, (list, tuple)) or v else "an empty list"

@@ -1,0 +1,223 @@
+"""Runtime.embed and /v1/embeddings on the tiny fp32 bundle (own ONNX graph + f32 GGUF).
+
+References: transformers' own final hidden states of the same checkpoint (pooled here), the
+same text embedded alone (batch == single), and the other engine (cosine). A real server on a
+loopback port, driven by the official openai client and LangChain's OpenAIEmbeddings."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+from prefix_edge.errors import PrefixEdgeError
+from prefix_edge.options import OptionError
+
+from .helpers.serve import start_server, stop_server
+
+pytest.importorskip("llama_cpp")
+
+TEXTS = ["my sync stopped", "naïve café 🚀 order 12 mugs", "def f(x): return x",
+         "the quick brown fox jumps over the lazy dog " * 6, "<|im_end|> spelled in a text"]
+# measured on the tiny fp32 bundle (docs/embeddings.md): llama.cpp picks its matmul kernels by
+# batch size, so a text batched with others moves by float rounding (max |diff| 2.8e-4 seen)
+GGUF_BATCH_TOL = 2e-3
+COS_FLOOR_FP32 = 0.9999  # ONNX fp32 vs GGUF f32, every text (0.9999998 seen)
+
+
+@pytest.fixture(scope="module", params=["onnx", "gguf"])
+def rt(request, bundle_fp32):
+    with Runtime.open(bundle_fp32, backend=request.param) as r:
+        yield r
+
+
+def reference(tiny_model, texts, pooling):
+    """transformers fp32: the final norm's output (what lm_head reads), pooled, L2-normed."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    tok.encode_special_tokens = True
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for t in texts:
+            ids = torch.tensor([tok.encode(t, add_special_tokens=False).ids])
+            o = model(input_ids=ids, output_hidden_states=True)
+            h = o.hidden_states[-1][0]
+            # the last hidden state is the normed one: lm_head of it is the logits
+            assert torch.allclose(model.lm_head(h), o.logits[0], atol=1e-4)
+            v = (h.mean(0) if pooling == "mean" else h[-1]).numpy()
+            out.append(v / np.linalg.norm(v))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embed_matches_transformers_and_batch_equals_single(rt, tiny_model, pooling):
+    batch = rt.embed(TEXTS, pooling=pooling)
+    assert batch.dtype == np.float32 and batch.shape == (len(TEXTS), 64)
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+    ref = reference(tiny_model, TEXTS, pooling)
+    np.testing.assert_allclose(batch, ref, atol=1e-4 if rt.backend.name == "onnx" else 3e-3)
+    single = np.stack([rt.embed(t, pooling=pooling)[0] for t in TEXTS])
+    if rt.backend.name == "onnx":  # a text runs alone whatever else is asked: bit-identical
+        assert np.array_equal(batch, single)
+    else:
+        assert np.abs(batch - single).max() < GGUF_BATCH_TOL
+    # the same text's token ids embed to the same vector; unnormalised is the same direction
+    ids = rt.tokenizer.encode(TEXTS[0], add_special_tokens=False).ids
+    assert np.array_equal(rt.embed([ids], pooling=pooling)[0], rt.embed(TEXTS[0], pooling=pooling)[0])
+    raw = rt.embed(TEXTS[0], pooling=pooling, normalize=False)[0]
+    assert abs(np.linalg.norm(raw) - 1) > 1e-3
+    np.testing.assert_allclose(raw / np.linalg.norm(raw), single[0], atol=1e-6)
+
+
+def test_embed_concurrent_calls_batched_equal_alone(bundle_fp32):
+    """Many threads at once (the embedder's thread batches them): each gets its own vectors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Runtime.open(bundle_fp32, backend="gguf") as r:
+        alone = [r.embed(t)[0] for t in TEXTS]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda i: r.embed(TEXTS[i % len(TEXTS)])[0], range(24)))
+        for i, v in enumerate(got):
+            assert np.abs(v - alone[i % len(TEXTS)]).max() < GGUF_BATCH_TOL
+        r.close()
+        with pytest.raises(PrefixEdgeError, match="closed"):
+            r.embed("after close")
+
+
+def test_onnx_and_gguf_agree(bundle_fp32):
+    with Runtime.open(bundle_fp32, backend="onnx") as a, Runtime.open(bundle_fp32, backend="gguf") as b:
+        for pooling in ("mean", "last"):
+            cos = (a.embed(TEXTS, pooling=pooling) * b.embed(TEXTS, pooling=pooling)).sum(axis=1)
+            assert cos.min() > COS_FLOOR_FP32, (pooling, cos)
+
+
+def test_bad_inputs_name_the_field(bundle_fp32):
+    with Runtime.open(bundle_fp32, backend="onnx") as r:
+        long = "the quick brown fox " * 400  # > the 512 positions of the tiny model
+        for bad in ([], "", [""], [[]], [1.5], [{"a": 1}], [[10 ** 6]], [[-1]], long, [True], None):
+            with pytest.raises(OptionError) as e:
+                r.embed(bad)
+            assert e.value.field == "input" and "\n" not in str(e.value), bad
+        with pytest.raises(OptionError, match="pooling"):
+            r.embed("x", pooling="cls")
+
+
+def test_graph_without_hidden_states_refused_naming_reexport(bundle_fp32, tmp_path):
+    """A bundle exported before embeddings (own graph, no hidden_states output): one line."""
+    import onnx
+
+    from prefix_edge.runtime.embedding import Embedder
+    from prefix_edge.runtime.engines.onnx.engine import OnnxBackend
+    from tokenizers import Tokenizer
+
+    m = onnx.load(str(bundle_fp32 / "onnx" / "model.onnx"))
+    keep = [o for o in m.graph.output if o.name != "hidden_states"]
+    del m.graph.output[:]
+    m.graph.output.extend(keep)
+    onnx.save(m, str(tmp_path / "old.onnx"))
+    be = OnnxBackend(tmp_path / "old.onnx", n_ctx=512)
+    emb = Embedder(be, Tokenizer.from_file(str(bundle_fp32 / "tokenizer" / "tokenizer.json")), 512)
+    with pytest.raises(PrefixEdgeError, match="re-export") as e:
+        emb.embed("hello")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.e2e
+def test_default_model_onnx_and_gguf_agree(default_home):
+    """The default bundle (ONNX int4, GGUF q4_1): measured 2026-12-03, cosine per text mean
+    pooling >= 0.9988, last >= 0.952 (the text ending in a space: its last token is that space);
+    gguf batch vs single max |diff| 0.0042 (mean), 0.0105 (last)."""
+    bundle = default_home / "bundles" / "smollm2-135m"
+    with Runtime.open(bundle, backend="onnx") as a, Runtime.open(bundle, backend="gguf") as b:
+        for pooling, floor in (("mean", 0.995), ("last", 0.9)):
+            x, y = a.embed(TEXTS, pooling=pooling), b.embed(TEXTS, pooling=pooling)
+            assert (x * y).sum(axis=1).min() > floor, pooling
+            alone = np.stack([b.embed(t, pooling=pooling)[0] for t in TEXTS])
+            assert np.abs(alone - y).max() < 0.03, pooling
+
+
+# -- the server ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(bundle_fp32):
+    proc, base = start_server(bundle_fp32, "--backend", "gguf")
+    yield base
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def local_gguf(bundle_fp32):
+    with Runtime.open(bundle_fp32, backend="gguf") as r:
+        yield r
+
+
+def test_openai_client_float_and_base64(served, local_gguf):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=served + "/v1", api_key="none", max_retries=0, timeout=60)
+    want = local_gguf.embed(TEXTS)
+    n_tokens = sum(len(local_gguf.tokenizer.encode(t, add_special_tokens=False).ids) for t in TEXTS[:3])
+    for fmt in ("float", "base64", None):  # None: the SDK's default (it asks for base64)
+        kw = {} if fmt is None else {"encoding_format": fmt}
+        r = client.embeddings.create(model="base", input=TEXTS, **kw)
+        got = np.array([np.frombuffer(base64.b64decode(d.embedding), "<f4") if fmt == "base64"
+                        else d.embedding for d in r.data], np.float32)  # asked for: left encoded
+        assert [d.index for d in r.data] == list(range(len(TEXTS)))
+        assert np.abs(got - want).max() < GGUF_BATCH_TOL
+    one = client.embeddings.create(model="base", input=TEXTS[0], encoding_format="float")
+    assert len(one.data) == 1 and len(one.data[0].embedding) == 64
+    r = client.embeddings.create(model="base", input=TEXTS[:3], dimensions=64)
+    assert r.usage.prompt_tokens == r.usage.total_tokens == n_tokens
+    ids = local_gguf.tokenizer.encode(TEXTS[1], add_special_tokens=False).ids
+    for inp in (ids, [ids, ids]):
+        r = client.embeddings.create(model="base", input=inp, encoding_format="float")
+        assert np.abs(np.array(r.data[0].embedding) - want[1]).max() < GGUF_BATCH_TOL
+    raw = client.embeddings.with_raw_response.create(model="base", input="x", encoding_format="base64")
+    vec = np.frombuffer(base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), "<f4")
+    assert vec.shape == (64,) and abs(np.linalg.norm(vec) - 1) < 1e-5
+
+
+def test_langchain_openai_embeddings(served, local_gguf):
+    lc = pytest.importorskip("langchain_openai")
+    # check_embedding_ctx_length=False: LangChain's setting for a server that is not OpenAI (on
+    # its default it sends tiktoken's token ids, which are another tokenizer's)
+    emb = lc.OpenAIEmbeddings(model="base", base_url=served + "/v1", api_key="none",
+                              check_embedding_ctx_length=False, max_retries=0)
+    docs = emb.embed_documents(TEXTS)
+    q = emb.embed_query(TEXTS[2])
+    want = local_gguf.embed(TEXTS)
+    assert np.abs(np.array(docs, np.float32) - want).max() < GGUF_BATCH_TOL
+    assert np.abs(np.array(q, np.float32) - want[2]).max() < GGUF_BATCH_TOL
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"model": "base", "input": []}, 400, "input"),
+    ({"model": "base", "input": ""}, 400, "input"),
+    ({"model": "base", "input": [[]]}, 400, "input"),
+    ({"model": "base", "input": [1.5]}, 400, "input"),
+    ({"model": "base", "input": [["a"]]}, 400, "input"),
+    ({"model": "base", "input": [[1, [2]]]}, 400, "input"),
+    ({"model": "base", "input": [[100000]]}, 400, "input"),
+    ({"model": "base", "input": {"text": "x"}}, 400, "input"),
+    ({"model": "base", "input": "word " * 2000}, 400, "input"),
+    ({"model": "base", "input": ["x"] * 2049}, 400, "input"),
+    ({"model": "base"}, 400, "input"),
+    ({"model": "base", "input": "x", "dimensions": 32}, 400, "dimensions"),
+    ({"model": "base", "input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
+    ({"model": "base", "input": "x", "pooling": "cls"}, 400, "pooling"),
+    ({"model": "base", "input": "x", "bogus": 1}, 400, "bogus"),
+    ({"model": "extract", "input": "x"}, 400, "model"),
+    ({"model": "nope", "input": "x"}, 404, "model"),
+    ({"input": "x"}, 400, "model"),
+])
+def test_bad_requests_are_4xx_naming_the_field(served, body, status, param):
+    import httpx
+
+    r = httpx.post(served + "/v1/embeddings", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and "\n" not in err["message"], err
