@@ -1,11 +1,19 @@
 """The one exception type. Raised where bad input is first seen; the CLI prints its message
 as one line and exits non-zero."""
 
+from __future__ import annotations
+
 
 class PrefixEdgeError(Exception):
-    """A user-facing error with a message that says what is wrong and what to do."""
+    """A user-facing error with a message that says what is wrong and what to do. `param`: the
+    call's argument it is about, where it is about one ("messages", "text", "tools", "n"...; a
+    server reports it as the request field's OpenAI `param`), else None."""
 
     exit_code = 1
+
+    def __init__(self, *args, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
 
 
 class RuntimeBusy(PrefixEdgeError):

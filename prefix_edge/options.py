@@ -27,7 +27,7 @@ class OptionError(PrefixEdgeError):
     """A generation option with a bad value; `field` names it."""
 
     def __init__(self, field: str, message: str):
-        super().__init__(message)
+        super().__init__(message, param=field)
         self.field = field
 
 
@@ -100,7 +100,8 @@ class Field:
 
 
 FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("max_tokens", "int", 256, 1, 1 << 20, help="tokens to generate at most"),
+    Field("max_tokens", "int", None, 1, 1 << 20,
+          help="tokens to generate at most; none set (nor by the task): to the end of the context"),
     Field("temperature", "float", 0.0, 0.0, 2.0, help="0 = greedy"),
     Field("top_p", "float", 1.0, 0.0, 1.0, help="1 = off; 0 = the most likely token only"),
     Field("top_k", "int", 0, 0, 1 << 20, help="0 = off"),

@@ -20,8 +20,9 @@ from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
+from .documents import check_compose, check_documents, with_documents
 from .text import TextStream, TokenBytes, longer_than
-from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call
+from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 
 # use_turn_cache: the prompt cache's earlier name (still accepted)
 FLAGS = ("use_prefix_cache", "use_prompt_cache", "use_turn_cache", "raw_special_tokens", "use_constraint")
@@ -41,11 +42,15 @@ class Requests:
         self._prefix_lock = prefix_lock                 # guards `prefixes`, shared with the Runtime
         self._closed = closed                           # () -> bool: the Runtime is closed
         self.eos = set(self.manifest.model.eos_token_ids)
+        # cells a request that sets no max_tokens (nor its task) may generate into, with its
+        # input: None, to the context; llama.cpp's shared_kv: a slot's share of the one cache
+        self.open_cells: int | None = None
         self._special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
     # -- options ------------------------------------------------------------------------
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
-        unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"}
+        unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"} \
+            - {"documents", "compose_documents"}
         if unknown:
             raise OptionError(sorted(unknown)[0], f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items() if v is not None and k in DEFAULTS}
@@ -99,30 +104,56 @@ class Requests:
                             texts)
 
     # -- input --------------------------------------------------------------------------
-    def encode_input(self, task: str, text: str, raw_special_tokens: bool = False) -> np.ndarray:
-        """The task's input wrapping around the user's text, tokenized. The user's text never
-        becomes control tokens: if it spells one (`<|im_end|>`...), it is encoded as plain text
-        (the wrapping keeps its own special tokens); otherwise the whole string is tokenized at
-        once, exactly as export and PEFT tokenize it."""
-        info = self.manifest.tasks[task]
-        room = self.n_ctx - info.prefix_tokens  # the most any request gives its input
+    def encode_input(self, task: str | None, text: str, raw_special_tokens: bool = False) -> np.ndarray:
+        """The task's input wrapping around the user's text, tokenized (task None: the base
+        model's prompt, after what the tokenizer itself puts first, a BOS where it has one). The
+        user's text never becomes control tokens: if it spells one (`<|im_end|>`...), it is
+        encoded as plain text (the wrapping keeps its own special tokens); otherwise the whole
+        string is tokenized at once, exactly as export and PEFT tokenize it."""
+        info = self.manifest.tasks[task] if task is not None else None
+        n_prefix = info.prefix_tokens if info is not None else 0
+        room = self.n_ctx - n_prefix  # the most any request gives its input
         if longer_than(self.tokenizer, text, room):
-            raise ContextLengthExceeded(f"input is more than {room} tokens (counted that far); with task "
-                                        f"'{task}''s prefix of {info.prefix_tokens} tokens that exceeds "
-                                        f"the {self.n_ctx} tokens a request may use")
-        head, _, tail = fill_template(info.template, "\x00").partition("\x00")
-        before, after = info.input_before + head, tail + info.input_after
+            raise ContextLengthExceeded(f"input is more than {room} tokens (counted that far); " + (
+                f"with task '{task}''s prefix of {n_prefix} tokens that exceeds " if info is not None
+                else "that exceeds ") + f"the {self.n_ctx} tokens a request may use")
+        if info is not None:
+            head, _, tail = fill_template(info.template, "\x00").partition("\x00")
+            before, after, lead = info.input_before + head, tail + info.input_after, []
+        else:
+            before, after, lead = "", "", self._lead
         enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
         if raw_special_tokens:  # the caller's opt-in: special tokens in the text are parsed
-            return np.array(enc.ids, np.int64)
+            return np.array(lead + enc.ids, np.int64)
         lo, hi = len(before), len(before) + len(text)
         if not any(a < hi and b > lo and tid in self._special_ids
                    for tid, (a, b) in zip(enc.ids, enc.offsets)):
-            return np.array(enc.ids, np.int64)
-        ids = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
+            return np.array(lead + enc.ids, np.int64)
+        ids = lead + (self.tokenizer.encode(before, add_special_tokens=False).ids if before else [])
         ids += self._text_tokenizer.encode(text, add_special_tokens=False).ids
         ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
         return np.array(ids, np.int64)
+
+    @functools.cached_property
+    def _lead(self) -> list[int]:
+        """The ids the tokenizer's post-processor puts before a text (a BOS, or none): a base
+        model's prompt starts with them, as transformers' tokenizer(prompt) gives it."""
+        a = self.tokenizer.encode("a", add_special_tokens=True).ids
+        b = self.tokenizer.encode("a", add_special_tokens=False).ids
+        return next((a[:k] for k in range(len(a) - len(b) + 1) if a[k:k + len(b)] == b), [])
+
+    def input_ids(self, ids) -> np.ndarray:
+        """Token ids given as the input: checked (the model's vocabulary) and placed after the
+        task's prefix as they are (no template wraps them)."""
+        out = list(ids)
+        if not out:
+            raise PrefixEdgeError("the input is an empty list of token ids: nothing to generate from",
+                                  param="text")
+        for t in out:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self._n_vocab:
+                raise PrefixEdgeError(f"the input's token id {t!r} is not in this model's vocabulary "
+                                      f"(0..{self._n_vocab - 1})", param="text")
+        return np.array(out, np.int64)
 
     def chat_input(self, task: str | None, messages: list, tools=None) -> tuple[np.ndarray, tuple[int, ...], list]:
         """(ids after the task's prefix, turn cuts, the checked messages) of a conversation. One
@@ -130,7 +161,7 @@ class Requests:
         tools.ToolSpec offered to the model."""
         msgs = check_messages(messages)
         offered = tools is not None and tools.choice != "none"
-        if task is not None and len(msgs) == 1 and msgs[0]["role"] == "user" and not offered:
+        if task is not None and len(msgs) == 1 and msgs[0]["role"] == "user" and not (offered and self._chat(task)):
             return self.encode_input(task, msgs[0]["content"]), (), msgs
         info = self.manifest.tasks[task] if task is not None else None
         room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
@@ -138,12 +169,26 @@ class Requests:
         return p.ids, p.cuts, msgs
 
     # -- the request --------------------------------------------------------------------
+    def _chat(self, task: str) -> bool:
+        return bool(self.manifest.tasks[task].chat)
+
+    def _tool_options(self, task: str | None, overrides: dict, tools) -> dict:
+        """The options with the tools' constraint: a guided call's (tools.guide); for a
+        completion-prompt task (chat = false: a trained tool task, which renders no tools) its
+        own answer narrowed to the functions offered (tools.task_call), streamed as a call."""
+        opts = self.options(task, overrides)
+        if tools is not None and tools.choice != "none" and task is not None and not self._chat(task):
+            tools.guided = True
+            return {**opts, "json_schema": task_call(opts["json_schema"], tools, task), "regex": None,
+                    "grammar": None}
+        return constraint_options(opts, guide(tools, native(self.chat_renderer.template)))
+
     def _flag(self, overrides: dict, name: str, default: bool) -> bool:
         v = overrides.get(name, default)
         if v is None:
             return default
         if not isinstance(v, bool):
-            raise PrefixEdgeError(f"{name} must be true or false, got {v!r}")
+            raise PrefixEdgeError(f"{name} must be true or false, got {v!r}", param=name)
         return v
 
     def request(self, task: str | None, text: str | None, overrides: dict[str, Any],
@@ -156,8 +201,6 @@ class Requests:
                                   f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}")
         if (text is None) == (messages is None):
             raise PrefixEdgeError("give the input as text or as messages (one of the two)")
-        if task is None and messages is None:
-            raise PrefixEdgeError("the base model (no task) takes messages, not text")
         raw = self._flag(overrides, "raw_special_tokens", False)
         use_cache = self._flag(overrides, "use_prefix_cache", True)
         use_prompts = self._flag(overrides, "use_prompt_cache", self._flag(overrides, "use_turn_cache", True)) \
@@ -166,22 +209,31 @@ class Requests:
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
-                                  f"alternatives per token), got {logprobs!r}")
+                                  f"alternatives per token), got {logprobs!r}", param="logprobs")
         tools = check_tools(overrides.get("tools"), overrides.get("tool_choice"))
         if tools is not None and messages is None:
-            raise PrefixEdgeError("tools go with messages (a conversation), not text")
-        tools = guide(tools, native(self.chat_renderer.template))
-        opts = constraint_options(self.options(task, overrides), tools)
+            raise PrefixEdgeError("tools go with messages (a conversation), not text", param="tools")
+        opts = self._tool_options(task, overrides, tools)
         constrain = self._flag(overrides, "use_constraint", True)
+        docs = check_documents(overrides.get("documents"))  # documents.py: rendered into the input
+        check_compose(overrides.get("compose_documents"))
         cuts: tuple[int, ...] = ()
-        if messages is None:
+        if messages is None and isinstance(text, (list, tuple, np.ndarray)):  # token ids, as given
+            if docs:
+                raise OptionError("documents", "documents go with a text input, not token ids")
+            ids = self.input_ids(text)
+        elif messages is None:
             if not isinstance(text, str):
-                raise PrefixEdgeError(f"the input must be a string, got {type(text).__name__}")
+                raise PrefixEdgeError(f"the input must be a string or token ids, got {type(text).__name__}",
+                                      param="text")
             check_text(text, "the input")
             if not text.strip():
-                raise PrefixEdgeError("the input is empty: nothing to generate from")
+                raise PrefixEdgeError("the input is empty: nothing to generate from", param="text")
+            text, _ = with_documents(docs, text, None)
             ids = self.encode_input(task, text, raw_special_tokens=raw)
         else:
+            _, messages = with_documents(docs, None, messages, task is not None and
+                                         (tools is None or tools.choice == "none" or not self._chat(task)))
             ids, cuts, _ = self.chat_input(task, messages, tools)
         P = self.manifest.tasks[task].positions(use_cache) if task is not None else 0
         room = self.n_ctx - P - len(ids)
@@ -191,7 +243,9 @@ class Requests:
                 f"input is {len(ids)} tokens; {what}that exceeds the {self.n_ctx} tokens a "
                 "request may use" + (f" (n_ctx; the model's context is {self.manifest.model.n_ctx})"
                                      if self.n_ctx < self.manifest.model.n_ctx else " (the model's context)"))
-        max_tokens = min(opts["max_tokens"], room)
+        max_tokens = room if opts["max_tokens"] is None else min(opts["max_tokens"], room)
+        if opts["max_tokens"] is None and self.open_cells is not None:  # a shared cache: a slot's share
+            max_tokens = max(1, min(room, self.open_cells - len(ids)))
         t_load = time.perf_counter()
         root = f"task:{task}" if task is not None else "base"
         full, full_cuts, hit = ids, cuts, None
@@ -234,7 +288,7 @@ class Requests:
 
     def sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
-        opts = constraint_options(self.options(req.task, overrides), req.tools)
+        opts = self._tool_options(req.task, overrides, req.tools)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
         return Request(req.task, None, None, req.ids, req.max_tokens,

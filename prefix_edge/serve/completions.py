@@ -30,21 +30,27 @@ DISCONNECTED = 499  # counted in /metrics for a client that left before its answ
 BASE_MODEL = "base"  # the bundle's model itself, no task prefix (a plain chat model)
 
 
-def task_of(body: dict, tasks, seen: dict, chat: bool = True) -> str | None:
+def task_of(body: dict, tasks, seen: dict) -> str | None:
     """The task a body's `model` names (None: the base model)."""
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
-    if model not in tasks and not (chat and model == BASE_MODEL):
+    if model not in tasks and model != BASE_MODEL:
         raise ApiError(404, f"the model `{model}` does not exist; this server's models "
-                       f"(tasks) are: {', '.join(sorted(tasks))}" + (f", {BASE_MODEL}" if chat else ""),
+                       f"(tasks) are: {', '.join(sorted(tasks))}, {BASE_MODEL}",
                        "model", "model_not_found")
     seen["model"] = model
     return None if model == BASE_MODEL and model not in tasks else model
 
 
+# the runtime's names of a call's input (a PrefixEdgeError's `param`, an OptionError's field):
+# the request's input field (`messages`, `prompt` or `input`)
+INPUT_ARGS = ("messages", "text", "the input")
+
+
 def start(rt, task, text, messages, opts: dict, n: int, param: str) -> list:
-    """The runtime's streams for one body (AsyncStreams), runtime errors as ApiErrors."""
+    """The runtime's streams for one body (AsyncStreams), runtime errors as ApiErrors naming
+    the field the error names (`param`, the request's input field, where it names none)."""
     from ..runtime.stream import AsyncStream
 
     try:
@@ -54,33 +60,18 @@ def start(rt, task, text, messages, opts: dict, n: int, param: str) -> list:
     except ContextLengthExceeded as e:
         raise ApiError(400, str(e), param, "context_length_exceeded")
     except OptionError as e:
-        raise api_error(e)
+        raise api_error(e, dict.fromkeys(INPUT_ARGS, param))
     except PrefixEdgeError as e:
-        raise ApiError(400, str(e), param_of(str(e)) or param)
+        raise ApiError(400, str(e), param if e.param in (None, *INPUT_ARGS) else e.param)
 
 
-def param_of(msg: str) -> str | None:
-    if msg.startswith("messages") or msg.startswith("task '") and "chat" in msg:
-        return "messages"
-    if msg.startswith("n must"):
-        return "n"
-    if msg.startswith(("json_schema", "regex", "grammar", "constraint")):
-        return "response_format"
-    if msg.startswith(("tools", "tool_choice")):
-        return msg.split()[0].split("[")[0]
-    if msg.startswith("logprobs"):
-        return "logprobs"
-    if "input" in msg:
-        return "messages"
-    return None
-
-
-def usage(results: list) -> dict:
-    r = results[0]
-    prompt = r.stats.prefix_tokens + r.stats.input_tokens
+def usage(results: list, n: int | None = None) -> dict:
+    """Usage of choices `n` a prompt (the prompts' tokens counted once each, in order)."""
+    firsts = results[::n or len(results)]
+    prompt = sum(r.stats.prefix_tokens + r.stats.input_tokens for r in firsts)
     out = sum(x.stats.generated_tokens for x in results)
     return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
-            "prompt_tokens_details": {"cached_tokens": r.stats.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(r.stats.cached_tokens for r in firsts)}}
 
 
 class LogprobFormat:
@@ -184,14 +175,15 @@ class Completions:
         try:
             body = read_body(raw)
             check_fields(body, COMPLETION_FIELDS)
-            task = task_of(body, self.tasks, seen, chat)
-            if chat:
-                text, messages = None, chat_messages(body)
-            else:
-                text, messages = prompt_of(body), None
+            task = task_of(body, self.tasks, seen)
+            prompts = None if chat else prompts_of(body)
+            messages = chat_messages(body) if chat else None
             opts, stream, include_usage, n = completion_params(body, chat)
-            handles = start(self.rt, task, text, messages, opts, n, "messages" if chat else "prompt")
-            return seen["model"], handles, stream, include_usage
+            if chat:
+                handles = start(self.rt, task, None, messages, opts, n, "messages")
+            else:
+                handles = start_prompts(self.rt, task, prompts, opts, n)
+            return seen["model"], (handles, n), stream, include_usage
         except (ApiError, RuntimeBusy, RuntimeClosed) as e:
             e.model = seen["model"]
             raise
@@ -201,11 +193,11 @@ class Completions:
         got = await admit(request, state, metrics, error, self.parse, chat)
         if not isinstance(got, tuple):
             return got
-        model, handles, stream, include_usage = got
+        model, (handles, per), stream, include_usage = got  # per: choices a prompt
         state.live.update(handles)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if stream:
-            return sse(self._sse(handles, rid, model, chat, include_usage))
+            return sse(self._sse(handles, rid, model, chat, include_usage, per))
         watcher = asyncio.create_task(watch_disconnect(request, handles))
         try:
             results = [None] * len(handles)
@@ -253,9 +245,10 @@ class Completions:
             choices.append(choice)
         return {"id": rid, "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()), "model": model, "choices": choices,
-                "usage": usage(results), "system_fingerprint": None}
+                "usage": usage(results, per), "system_fingerprint": None}
 
-    async def _sse(self, handles: list, rid: str, model: str, chat: bool, include_usage: bool):
+    async def _sse(self, handles: list, rid: str, model: str, chat: bool, include_usage: bool,
+                   per: int | None = None):
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
         metrics, state = self.metrics, self.state
@@ -335,7 +328,7 @@ class Completions:
                 else:
                     yield frame([delta(i, None, finish)])
             if include_usage:
-                yield frame([], usage(results))
+                yield frame([], usage(results, per))
             yield "data: [DONE]\n\n"
         finally:
             state.live.difference_update(handles)
@@ -346,10 +339,46 @@ class Completions:
                 metrics.disconnected += 1
 
 
-def prompt_of(body: dict) -> str:
+MAX_PROMPTS = 64  # prompts in one /v1/completions body (each is a request of its own)
+PROMPT_SHAPE = "`prompt` must be a string, a list of strings, token ids (a list of integers) or a list of such lists"
+
+
+def _ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def prompts_of(body: dict) -> list:
+    """OpenAI's `prompt`: a string, a list of strings, token ids or a list of token-id lists, as
+    a list of prompts (each a string or a list of ids)."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        p = p[0]
-    if not isinstance(p, str):
-        raise ApiError(400, "`prompt` must be a string (one prompt per request)", "prompt")
+    if isinstance(p, str) or _ids(p):
+        return [p]
+    if not isinstance(p, list) or not p:
+        raise ApiError(400, PROMPT_SHAPE + (", not an empty list" if p == [] else ""), "prompt")
+    if len(p) > MAX_PROMPTS:
+        raise ApiError(400, f"`prompt` has {len(p)} prompts; at most {MAX_PROMPTS} in one request", "prompt")
+    for i, x in enumerate(p):
+        if not (isinstance(x, str) or _ids(x)) or type(x) is not type(p[0]):
+            raise ApiError(400, PROMPT_SHAPE + f": `prompt[{i}]` is " + (
+                "an empty list" if x == [] else "not one of those (nor of its first item's kind)"), "prompt")
     return p
+
+
+def start_prompts(rt, task, prompts: list, opts: dict, n: int) -> list:
+    """Every prompt's n choices, in order (choice index = prompt index * n + j, as OpenAI
+    numbers them); one refused cancels those started."""
+    handles: list = []
+    try:
+        for i, p in enumerate(prompts):
+            try:
+                handles += start(rt, task, p, None, opts, n, "prompt")
+            except ApiError as e:
+                if len(prompts) > 1:
+                    e.message = f"prompt[{i}]: {e.message}"
+                    e.args = (e.message,)
+                raise
+    except BaseException:
+        for h in handles:
+            h.cancel()
+        raise
+    return handles

@@ -254,10 +254,12 @@ TOOL_CHOICE = S("str|obj", {"type": STR, "function": S("obj", {"name": STR})})
 RESPONSE_FORMAT = S("obj", {"type": STR, "json_schema": S("obj", {
     "name": STR, "description": OPT_STR, "schema": S("obj|null"), "strict": S("bool|null")})})
 
+DOCUMENTS = S("list", items=S("obj", {"title": OPT_STR, "text": STR}))
+
 # POST /v1/chat/completions and /v1/completions (one table: a field of the other is refused
 # by what it means, schema.py)
 COMPLETION_FIELDS = {
-    "model": STR, "messages": S("list", items=MESSAGE), "prompt": S("str|list", items=STR),
+    "model": STR, "messages": S("list", items=MESSAGE), "prompt": S("str|list", items=S("str|int|list", items=INT)),
     "stream": BOOL, "stream_options": S("obj", {"include_usage": S("bool|null"),
                                                 "include_obfuscation": S("bool|null")}),
     "user": STR, "n": INT, "metadata": METADATA, "store": BOOL, "parallel_tool_calls": BOOL,
@@ -268,7 +270,8 @@ COMPLETION_FIELDS = {
     "response_format": RESPONSE_FORMAT, "tools": S("list", items=TOOL), "tool_choice": TOOL_CHOICE,
     "functions": S("list"), "function_call": S("str|obj"), "prompt_cache_key": STR,
     "safety_identifier": STR, "modalities": S("list", items=STR), "reasoning_effort": STR,
-    "verbosity": STR, "web_search_options": OBJ, "prediction": OBJ, "audio": OBJ}
+    "verbosity": STR, "web_search_options": OBJ, "prediction": OBJ, "audio": OBJ,
+    "documents": DOCUMENTS, "compose_documents": BOOL}  # the last two: extensions (documents.py)
 
 # POST /v1/responses
 ITEM = S("obj", {"type": STR, "role": STR, "content": S("str|list", items=PART), "call_id": STR,
@@ -286,4 +289,5 @@ RESPONSE_FIELDS = {
     "reasoning": S("obj", {"effort": OPT_STR, "summary": OPT_STR}), "include": S("list", items=STR),
     "top_logprobs": INT, "service_tier": STR, "prompt_cache_key": STR, "safety_identifier": STR,
     "stream_options": S("obj", {"include_obfuscation": S("bool|null")}), "background": BOOL,
-    "seed": INT, "max_tool_calls": INT, "prompt_cache_retention": STR}
+    "seed": INT, "max_tool_calls": INT, "prompt_cache_retention": STR,
+    "documents": DOCUMENTS, "compose_documents": BOOL}  # the last two: extensions (documents.py)

@@ -21,7 +21,8 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
            "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
-           "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio"}
+           "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio",
+           "documents", "compose_documents"}  # the last two: the runtime checks them
 
 
 def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
@@ -53,7 +54,9 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
         raise ApiError(400, f"`{key}` is not supported by this server", key)
     logprobs = _logprobs(body, chat)
     opts: dict[str, Any] = {"logprobs": logprobs, **response_format(body.get("response_format")),
-                            "tools": body.get("tools"), "tool_choice": body.get("tool_choice")}
+                            "tools": body.get("tools"), "tool_choice": body.get("tool_choice"),
+                            "documents": body.get("documents"),
+                            "compose_documents": body.get("compose_documents")}
     ptc = body.get("parallel_tool_calls")
     if ptc is not None and not isinstance(ptc, bool):
         raise ApiError(400, "`parallel_tool_calls` must be true or false", "parallel_tool_calls")

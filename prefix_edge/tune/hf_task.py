@@ -108,10 +108,12 @@ class HFTask:
                         break
                 return torch.tensor([done])
 
+        # no max_tokens (nor the task's): to the end of the context, as the runtime
+        limit = opts["max_tokens"] or max(1, getattr(self.model.config, "max_position_embeddings", 4096) - n_in)
         t0 = time.perf_counter()
         with torch.no_grad():
             self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=opts["max_tokens"], eos_token_id=self.eos,
+                                max_new_tokens=limit, eos_token_id=self.eos,
                                 pad_token_id=self.eos[0], logits_processor=LogitsProcessorList([Choose()]),
                                 stopping_criteria=StoppingCriteriaList([Stop()]))
         end, t_first = time.perf_counter(), state["t_first"]

@@ -51,28 +51,28 @@ def content_text(content, where: str) -> str:
             if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or \
                     not isinstance(part.get("text"), str):
                 raise PrefixEdgeError(f"{where}.content[{j}]: only text parts are supported "
-                                      "(type 'text' with a string 'text')")
+                                      "(type 'text' with a string 'text')", param="messages")
             out.append(part["text"])
         return "".join(out)
-    raise PrefixEdgeError(f"{where}.content must be a string or a list of text parts")
+    raise PrefixEdgeError(f"{where}.content must be a string or a list of text parts", param="messages")
 
 
 def check_messages(messages) -> list[dict[str, str]]:
     """The messages as [{role, content}] strings (developer → system), checked; errors name
     messages[i]."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise PrefixEdgeError("messages must be a non-empty list of {role, content}")
+        raise PrefixEdgeError("messages must be a non-empty list of {role, content}", param="messages")
     out, size = [], 0
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise PrefixEdgeError(f"{where} must be an object with 'role' and 'content'")
+            raise PrefixEdgeError(f"{where} must be an object with 'role' and 'content'", param="messages")
         role = m.get("role")
         if role == "function" or m.get("function_call"):
             raise PrefixEdgeError(f"{where}: the legacy function role/function_call is not supported "
-                                  "(use tools and tool messages)")
+                                  "(use tools and tool messages)", param="messages")
         if role not in ROLES:
-            raise PrefixEdgeError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}")
+            raise PrefixEdgeError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
         calls = m.get("tool_calls") if role == "assistant" else None
         content = m.get("content")
         text = "" if content is None and calls else content_text(content, where)
@@ -92,24 +92,24 @@ def check_messages(messages) -> list[dict[str, str]]:
         out.append(msg)
     if out[-1]["role"] not in ("user", "tool"):
         raise PrefixEdgeError(f"messages[{len(out) - 1}]: the last message must be the user's or a "
-                              f"tool result (got {out[-1]['role']!r}): the reply follows it")
+                              f"tool result (got {out[-1]['role']!r}): the reply follows it", param="messages")
     if not any(m["content"].strip() for m in out if m["role"] in ("user", "tool")):
-        raise PrefixEdgeError("the input is empty: nothing to generate from")
+        raise PrefixEdgeError("the input is empty: nothing to generate from", param="messages")
     return out
 
 
 def _check_calls(calls, where: str) -> list[dict]:
     if not isinstance(calls, list) or not calls:
-        raise PrefixEdgeError(f"{where}.tool_calls must be a non-empty list")
+        raise PrefixEdgeError(f"{where}.tool_calls must be a non-empty list", param="messages")
     out = []
     for j, c in enumerate(calls):
         f = c.get("function") if isinstance(c, dict) else None
         if not isinstance(f, dict) or not isinstance(f.get("name"), str):
             raise PrefixEdgeError(f"{where}.tool_calls[{j}] must be {{id, type: function, function: "
-                                  "{name, arguments}}")
+                                  "{name, arguments}}", param="messages")
         args = f.get("arguments", "{}")
         if not isinstance(args, (str, dict)):
-            raise PrefixEdgeError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string")
+            raise PrefixEdgeError(f"{where}.tool_calls[{j}].function.arguments must be a JSON string", param="messages")
         out.append({"id": c.get("id") if isinstance(c.get("id"), str) else f"call_{j}", "type": "function",
                     "function": {"name": f["name"], "arguments": args}})
     return out
@@ -144,15 +144,15 @@ class ChatRenderer:
         boundaries are rendered (one render per earlier turn)."""
         if self.template is None:
             raise PrefixEdgeError("this bundle's model has no chat template: send a single user "
-                                  "message to a task, or a prompt (completions)")
+                                  "message to a task, or a prompt (completions)", param="messages")
         if info is not None and not info.chat:
             raise PrefixEdgeError(f"task '{task}' is not a chat task (chat = false: a completion "
                                   "prompt): it takes one user message, without system messages "
-                                  "or history")
+                                  "or history", param="messages")
         if info is not None and info.chat_messages is None:
             raise PrefixEdgeError(f"task '{task}': this bundle was exported before conversations "
                                   "(no task messages in its manifest): re-export it for history "
-                                  "and system messages")
+                                  "and system messages", param="messages")
         own = [dict(m) for m in info.chat_messages] if info is not None else []
         template = info.template if info is not None else "{input}"
         is_native = native(self.template)
@@ -169,7 +169,7 @@ class ChatRenderer:
         full = self.render(own + msgs, True, offered)
         if not full.startswith(head):
             raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
-                                  "conversation after the task's own messages")
+                                  "conversation after the task's own messages", param="messages")
         text = rendered = full[len(head):]
         protected: list[tuple[int, int]] = []
         moved = None
@@ -237,5 +237,5 @@ class ChatRenderer:
         want = len(pattern.findall(piece)) if pattern is not None else 0
         if sum(i in self.special_ids for i in ids) != want:
             raise PrefixEdgeError("the chat template joins message text into a special token: "
-                                  "this conversation cannot be tokenized safely")
+                                  "this conversation cannot be tokenized safely", param="messages")
         return ids

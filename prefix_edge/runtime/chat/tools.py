@@ -8,6 +8,10 @@ Where it has none (SmolLM2's, ChatML's), a fixed system message lists the tools 
 call as one JSON object, `{"name": ..., "arguments": {...}}`; earlier calls are rendered as that
 JSON and tool results as user turns (`Tool result (name): ...`).
 
+A completion-prompt task (chat = false: a trained tool task) renders no tools: its own answer, a
+call constrained by its json_schema, is narrowed to the functions offered and returned as a call
+(task_call).
+
 tool_choice: "none" (the tools are not offered, nothing is read as a call), "auto" (the model
 chooses; an answer that is a well-formed call of an offered tool is one), "required" or a named
 function (the answer is constrained to a call: its JSON validates against the function's
@@ -50,32 +54,33 @@ class ToolSpec:
 def check_tools(tools, tool_choice) -> ToolSpec | None:
     if tools is None or tools == []:
         if tool_choice not in (None, "none", "auto"):
-            raise PrefixEdgeError("tool_choice needs tools")
+            raise PrefixEdgeError("tool_choice needs tools", param="tool_choice")
         return None
     if not isinstance(tools, list):
-        raise PrefixEdgeError("tools must be a list of {type: function, function: {name, parameters}}")
+        raise PrefixEdgeError("tools must be a list of {type: function, function: {name, parameters}}", param="tools")
     out = []
     for i, t in enumerate(tools):
         f = t.get("function") if isinstance(t, dict) and t.get("type", "function") == "function" else None
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _NAME.fullmatch(f["name"]):
             raise PrefixEdgeError(f"tools[{i}] must be {{type: function, function: {{name, parameters}}}} "
-                                  "with a name of letters, digits, _ . -")
+                                  "with a name of letters, digits, _ . -", param="tools")
         params = f.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise PrefixEdgeError(f"tools[{i}].function.parameters must be a JSON schema object")
+            raise PrefixEdgeError(f"tools[{i}].function.parameters must be a JSON schema object", param="tools")
         out.append(t)  # rendered as the client sent it (as transformers renders it)
     names = [t["function"]["name"] for t in out]
     if len(set(names)) != len(names):
-        raise PrefixEdgeError("tools: two functions have the same name")
+        raise PrefixEdgeError("tools: two functions have the same name", param="tools")
     choice = "auto" if tool_choice is None else tool_choice
     if isinstance(choice, dict):
         f = choice.get("function") if choice.get("type", "function") == "function" else None
         name = f.get("name") if isinstance(f, dict) else None
         if name not in names:
-            raise PrefixEdgeError(f"tool_choice names {name!r}, which is not in tools")
+            raise PrefixEdgeError(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
         return ToolSpec(out, "function", name)
     if choice not in ("none", "auto", "required"):
-        raise PrefixEdgeError(f"tool_choice must be none, auto, required or a function, got {choice!r}")
+        raise PrefixEdgeError(f"tool_choice must be none, auto, required or a function, got {choice!r}",
+                              param="tool_choice")
     return ToolSpec(out, choice)
 
 
@@ -99,6 +104,42 @@ def call_schema(spec: ToolSpec) -> dict:
     if defs:
         out["$defs"] = defs
     return out
+
+
+def task_call(schema, spec: ToolSpec, task: str) -> dict:
+    """A completion-prompt task's answer schema (a trained tool task's json_schema: a call
+    `{"name": ..., "arguments": ...}`, or anyOf such calls) narrowed to the functions offered
+    (tool_choice: the one it names), so that its answer is a call of one of them. A task whose
+    answer calls none of them (or is no call) is refused, naming `tools`."""
+    want = {spec.name} if spec.choice == "function" else set(spec.names)
+    found: list[str] = []
+
+    def narrow(branch):
+        name = (branch.get("properties") or {}).get("name") if isinstance(branch, dict) else None
+        names = [name["const"]] if isinstance(name, dict) and "const" in name else \
+            list(name["enum"]) if isinstance(name, dict) and isinstance(name.get("enum"), list) else []
+        found.extend(n for n in names if isinstance(n, str))
+        keep = [n for n in names if n in want]
+        if not keep:
+            return None
+        if len(keep) == len(names):
+            return branch
+        props = {**branch["properties"], "name": {**name, "enum": keep}}
+        return {**branch, "properties": props}
+    out = None
+    if isinstance(schema, dict) and isinstance(schema.get("anyOf"), list):
+        kept = [b for b in map(narrow, schema["anyOf"]) if b is not None]
+        out = {**schema, "anyOf": kept} if kept else None
+    elif isinstance(schema, dict):
+        out = narrow(schema)
+    if out is not None:
+        return out
+    if not found:
+        raise PrefixEdgeError(f"task '{task}' takes one message and answers it, not with a function "
+                              "call: it takes no tools (send it without them, or use a chat task or base)",
+                              param="tools")
+    raise PrefixEdgeError(f"task '{task}' calls {', '.join(dict.fromkeys(found))}; the tools offered "
+                          f"({', '.join(sorted(want))}) name none of them", param="tools")
 
 
 def _hoist(params, where: str, defs: dict):
@@ -205,7 +246,7 @@ def _args(a):
         except ValueError:
             return a
         except RecursionError:
-            raise PrefixEdgeError("a tool call's arguments nest lists and objects too deep") from None
+            raise PrefixEdgeError("a tool call's arguments nest lists and objects too deep", param="messages") from None
     return a
 
 
