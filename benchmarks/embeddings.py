@@ -8,7 +8,7 @@ a query's nearest paraphrase must match on content, not on phrasing. Each senten
 against all the paraphrases; recall@1 is the share whose nearest (cosine) is its own.
 
     python benchmarks/embeddings.py [--bundle DIR] [--pairs 50] [--seed 0] [--threads N]
-                                    [--out docs/embeddings.json]
+                                    [--recall-only] [--out docs/embeddings.json]
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from prefix_edge.runtime.embedding import POOLINGS
 
 TEMPLATES = [
     ("{name} bought {n} {item} in {city} last week.",
@@ -87,6 +89,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rate-texts", type=int, default=64, help="texts per throughput measurement")
+    ap.add_argument("--recall-only", action="store_true", help="skip the throughput runs")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from prefix_edge import Runtime
@@ -106,15 +109,15 @@ def main() -> None:
         if backend not in bundle.backends:
             continue
         with Runtime.open(bundle.root, backend=backend, threads=threads) as rt:
-            for pooling in ("mean", "last"):
+            for pooling in POOLINGS:
                 q, d = rt.embed(queries, pooling=pooling), rt.embed(docs, pooling=pooling)
                 vecs[backend, pooling] = np.concatenate([q, d])
                 report["recall_at_1"][f"{backend}/{pooling}"] = recall_at_1(q, d)
             rt.embed(texts[:4])  # warm
-            for k in (1, 16):
+            for k in () if a.recall_only else (1, 16):
                 report["texts_per_s"][f"prefix-edge {backend} (mean), {k} in flight"] = \
                     round(rate(lambda t: rt.embed(t), texts, k), 1)
-    for pooling in ("mean", "last"):
+    for pooling in POOLINGS:
         if ("onnx", pooling) in vecs and ("gguf", pooling) in vecs:
             cos = (vecs["onnx", pooling] * vecs["gguf", pooling]).sum(axis=1)
             report["cosine_onnx_gguf"][pooling] = {"min": round(float(cos.min()), 6),
@@ -130,16 +133,17 @@ def main() -> None:
         if ("gguf", "mean") in vecs:
             cos = (np.concatenate([q, d]) * vecs["gguf", "mean"]).sum(axis=1)
             report["cosine_llama_cpp_python_gguf_mean"] = round(float(cos.min()), 6)
-        lock = threading.Lock()  # one Llama is not safe from two threads: 16 in flight = batches of 16
+        if not a.recall_only:
+            lock = threading.Lock()  # one Llama is not safe from two threads: 16 in flight = batches of 16
 
-        def one(t):
-            with lock:
-                llm.embed(t, normalize=True)
-        report["texts_per_s"]["llama-cpp-python embed, 1 in flight"] = round(rate(one, texts, 1), 1)
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), 16):
-            llm.embed(texts[i:i + 16], normalize=True)
-        report["texts_per_s"]["llama-cpp-python embed, lists of 16"] = round(len(texts) / (time.perf_counter() - t0), 1)
+            def one(t):
+                with lock:
+                    llm.embed(t, normalize=True)
+            report["texts_per_s"]["llama-cpp-python embed, 1 in flight"] = round(rate(one, texts, 1), 1)
+            t0 = time.perf_counter()
+            for i in range(0, len(texts), 16):
+                llm.embed(texts[i:i + 16], normalize=True)
+            report["texts_per_s"]["llama-cpp-python embed, lists of 16"] = round(len(texts) / (time.perf_counter() - t0), 1)
         llm.close()
     print(f"| recall@1 ({len(ps)} pairs, seed {a.seed}) | |\n|---|---|")
     for k, v in report["recall_at_1"].items():

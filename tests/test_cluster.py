@@ -1,5 +1,5 @@
 """`prefix-edge serve --ray` on a real local Ray cluster (2 replicas of the tiny int4 bundle, one
-task held per replica): the same answers as Runtime.generate, task affinity, LRU reloads,
+task held per replica): the same answers (and embeddings) as the library, task affinity, LRU reloads,
 streaming, the API key, an unknown task, stored responses found whichever replica answers, and
 a replica killed with SIGKILL (between requests, and under four streams)."""
 
@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 
 import httpx
+import numpy as np
 import pytest
 
 from .conftest import INPUTS
@@ -87,6 +88,13 @@ def test_answers_streaming_and_errors(cluster, local):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "temperature"
     models = httpx.get(cluster + "/v1/models", headers=AUTH).json()
     assert {m["id"] for m in models["data"]} == set(local.tasks) | {"base"}
+    # /v1/embeddings goes through the ingress to a replica (model base): the library's vectors
+    emb = client.embeddings.create(model="base", input=INPUTS[:2], encoding_format="float")
+    got = np.array([d.embedding for d in emb.data], np.float32)
+    np.testing.assert_allclose(got, local.embed(INPUTS[:2]), atol=1e-5)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="support", input="x")
+    assert e.value.body["param"] == "model"
 
 
 def _replica(r: httpx.Response) -> str:

@@ -35,18 +35,22 @@ def rt(request, bundle_fp32):
 
 def reference(tiny_model, texts, pooling):
     """transformers fp32: the final norm's output (what lm_head reads), pooled, L2-normed."""
-    import torch
     from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
 
     tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     tok.encode_special_tokens = True
+    return reference_ids(tiny_model, [tok.encode(t, add_special_tokens=False).ids for t in texts], pooling)
+
+
+def reference_ids(tiny_model, id_lists, pooling="last"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32).eval()
     out = []
     with torch.no_grad():
-        for t in texts:
-            ids = torch.tensor([tok.encode(t, add_special_tokens=False).ids])
-            o = model(input_ids=ids, output_hidden_states=True)
+        for ids in id_lists:
+            o = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
             h = o.hidden_states[-1][0]
             # the last hidden state is the normed one: lm_head of it is the logits
             assert torch.allclose(model.lm_head(h), o.logits[0], atol=1e-4)
@@ -75,6 +79,31 @@ def test_embed_matches_transformers_and_batch_equals_single(rt, tiny_model, pool
     np.testing.assert_allclose(raw / np.linalg.norm(raw), single[0], atol=1e-6)
 
 
+def test_prompt_pooling_is_the_wrapped_texts_last_state(rt, tiny_model):
+    """pooling "prompt" (PromptEOL): the text's ids between the prompt's own tokens, the last
+    token's state; the reference is transformers on those ids, and "last" on the same ids."""
+    from prefix_edge.runtime.embedding import PROMPT_HEAD, PROMPT_TAIL
+
+    from tokenizers import Tokenizer
+
+    got = rt.embed(TEXTS, pooling="prompt")
+    text_tok = Tokenizer.from_str(rt.tokenizer.to_str())
+    text_tok.encode_special_tokens = True  # a text's special-token spelling stays text
+    enc = lambda t: text_tok.encode(t, add_special_tokens=False).ids  # noqa: E731
+    wrapped = [enc(PROMPT_HEAD) + enc(t) + enc(PROMPT_TAIL) for t in TEXTS]
+    if rt.backend.name == "onnx":
+        assert np.array_equal(got, rt.embed(wrapped, pooling="last"))
+    else:
+        assert np.abs(got - rt.embed(wrapped, pooling="last")).max() < GGUF_BATCH_TOL
+    ref = reference_ids(tiny_model, wrapped)
+    np.testing.assert_allclose(got, ref, atol=1e-4 if rt.backend.name == "onnx" else 3e-3)
+    # token ids are wrapped too; the prompt's tokens count toward the input's limit
+    assert np.abs(rt.embed([enc(TEXTS[0])], pooling="prompt")[0] - got[0]).max() < GGUF_BATCH_TOL
+    room = rt.embeddings.max_tokens - len(wrapped[0]) + len(enc(TEXTS[0]))
+    with pytest.raises(OptionError, match=f"at most {room} tokens"):
+        rt.embed([[5] * (room + 1)], pooling="prompt")
+
+
 def test_embed_concurrent_calls_batched_equal_alone(bundle_fp32):
     """Many threads at once (the embedder's thread batches them): each gets its own vectors."""
     from concurrent.futures import ThreadPoolExecutor
@@ -92,7 +121,7 @@ def test_embed_concurrent_calls_batched_equal_alone(bundle_fp32):
 
 def test_onnx_and_gguf_agree(bundle_fp32):
     with Runtime.open(bundle_fp32, backend="onnx") as a, Runtime.open(bundle_fp32, backend="gguf") as b:
-        for pooling in ("mean", "last"):
+        for pooling in ("mean", "last", "prompt"):
             cos = (a.embed(TEXTS, pooling=pooling) * b.embed(TEXTS, pooling=pooling)).sum(axis=1)
             assert cos.min() > COS_FLOOR_FP32, (pooling, cos)
 
@@ -131,11 +160,12 @@ def test_graph_without_hidden_states_refused_naming_reexport(bundle_fp32, tmp_pa
 @pytest.mark.e2e
 def test_default_model_onnx_and_gguf_agree(default_home):
     """The default bundle (ONNX int4, GGUF q4_1): measured 2026-12-03, cosine per text mean
-    pooling >= 0.9988, last >= 0.952 (the text ending in a space: its last token is that space);
-    gguf batch vs single max |diff| 0.0042 (mean), 0.0105 (last)."""
+    pooling >= 0.9988, last >= 0.952 (the text ending in a space: its last token is that space),
+    prompt >= 0.9979 (2026-12-04); gguf batch vs single max |diff| 0.0042 (mean), 0.0105 (last),
+    0.0107 (prompt)."""
     bundle = default_home / "bundles" / "smollm2-135m"
     with Runtime.open(bundle, backend="onnx") as a, Runtime.open(bundle, backend="gguf") as b:
-        for pooling, floor in (("mean", 0.995), ("last", 0.9)):
+        for pooling, floor in (("mean", 0.995), ("last", 0.9), ("prompt", 0.995)):
             x, y = a.embed(TEXTS, pooling=pooling), b.embed(TEXTS, pooling=pooling)
             assert (x * y).sum(axis=1).min() > floor, pooling
             alone = np.stack([b.embed(t, pooling=pooling)[0] for t in TEXTS])

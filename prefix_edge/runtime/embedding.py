@@ -2,9 +2,12 @@
 
 A text is tokenized by the bundle's tokenizer as it is (no chat template, no task prefix, no
 BOS added; a special token it spells stays text), run through the model from position 0, and its
-final-norm hidden states (what the lm_head reads) pooled: "mean" over the text's tokens or
-"last" (the last token's, which has attended to every token before it), then L2-normalised
-unless asked not to. Engines: llama.cpp's embeddings mode (engines/llama/embedding.py: pooled
+final-norm hidden states (what the lm_head reads) pooled: "mean" over the text's tokens,
+"last" (the last token's, which has attended to every token before it), or "prompt" (PromptEOL,
+Jiang et al. 2023: the text placed in `This sentence : "<text>" means in one word:"` and the last
+token's state taken, where a decoder sums the sentence up to predict the next word; the prompt's
+pieces are tokenized on their own and joined to the text's ids, token-id inputs included), then
+L2-normalised unless asked not to. "prompt" is the default (measured: docs/embeddings.md). Engines: llama.cpp's embeddings mode (engines/llama/embedding.py: pooled
 by llama.cpp) and the own ONNX graph's hidden_states output (engines/onnx/embedding.py: pooled
 here). A text's vector does not depend on what it is batched with (ONNX: bit-identical; llama.cpp:
 within float rounding, tests/test_embeddings.py) nor on the engine beyond the model files'
@@ -28,7 +31,12 @@ import numpy as np
 from ..errors import PrefixEdgeError, RuntimeClosed
 from ..options import MAX_INPUT_BYTES, OptionError, check_text
 
-POOLINGS = ("mean", "last")
+POOLINGS = ("mean", "last", "prompt")
+# the default: on the default model's paraphrase retrieval (docs/embeddings.md) recall@1
+# 0.93-1.00 against mean's 0.55-0.70 and last's 0.62-0.82, both engines, three seeded sets
+DEFAULT_POOLING = "prompt"
+# pooling "prompt" (PromptEOL): the text between these, the last token's state
+PROMPT_HEAD, PROMPT_TAIL = 'This sentence : "', '" means in one word:"'
 MAX_INPUTS = 2048   # texts in one call (OpenAI's limit for one embeddings request)
 MAX_TOKENS = 2048   # tokens of one text (and of one llama.cpp batch: its embeddings context's cells)
 MAX_BATCH = 16      # texts the embedder's thread runs together (llama.cpp: one llama_decode)
@@ -37,12 +45,12 @@ MAX_BATCH = 16      # texts the embedder's thread runs together (llama.cpp: one 
 class Job:
     """One call: its texts' ids, pooling, and the vectors as they come."""
 
-    def __init__(self, ids: list[np.ndarray], pooling: str, normalize: bool):
+    def __init__(self, ids: list[np.ndarray], pooling: str, normalize: bool, wrap: int = 0):
         self.ids, self.pooling, self.normalize = ids, pooling, normalize
         self.out: list[np.ndarray | None] = [None] * len(ids)
         self.left = len(ids)
         self.future: Future = Future()
-        self.tokens = sum(len(i) for i in ids)
+        self.tokens = sum(len(i) for i in ids) - wrap * len(ids)  # the input's (no prompt's)
 
 
 class Embedder:
@@ -60,6 +68,7 @@ class Embedder:
         self._runner = None  # engine-specific, made in the embedder's thread
         self._text_tok = None
         self._why: str | None = None  # unsupported(), once
+        self._prompt_ids: tuple[list[int], list[int]] | None = None  # _wrap()
 
     # -- the caller's thread: inputs checked and tokenized ------------------------------------
     def _encode(self, text: str) -> list[int]:
@@ -71,9 +80,19 @@ class Embedder:
             self._text_tok = tok
         return self._text_tok.encode(text, add_special_tokens=False).ids
 
-    def prepare(self, items, field: str = "input") -> list[np.ndarray]:
+    def _wrap(self) -> tuple[list[int], list[int]]:
+        """pooling "prompt": the ids before and after a text (PROMPT_HEAD, PROMPT_TAIL)."""
+        if self._prompt_ids is None:
+            self._prompt_ids = tuple(self.tokenizer.encode(t, add_special_tokens=False).ids
+                                     for t in (PROMPT_HEAD, PROMPT_TAIL))
+        return self._prompt_ids
+
+    def prepare(self, items, field: str = "input", pooling: str = DEFAULT_POOLING) -> list[np.ndarray]:
         """The texts (or token-id lists) of a call as id arrays, each checked: OptionError
-        naming `field` (and the item, input[i]) otherwise."""
+        naming `field` (and the item, input[i]) otherwise. pooling "prompt": each wrapped in
+        the prompt (its tokens count toward the limit)."""
+        head, tail = self._wrap() if pooling == "prompt" else ([], [])
+        room = self.max_tokens - len(head) - len(tail)
         if isinstance(items, str) or (isinstance(items, (list, tuple)) and items
                                       and all(isinstance(t, int) and not isinstance(t, bool) for t in items)):
             items = [items]  # one text, or one text's token ids
@@ -106,13 +125,14 @@ class Embedder:
                 raise OptionError(field, f"{where} must be a string or a list of token ids, got {_kind(item)}")
             if not ids:
                 raise OptionError(field, f"{where} has no tokens: nothing to embed")
-            if len(ids) > self.max_tokens:
+            if len(ids) > room:
                 raise OptionError(field, f"{where} is {len(ids)} tokens; an embedding input may be at "
-                                         f"most {self.max_tokens} tokens")
-            out.append(np.asarray(ids, np.int64))
+                                         f"most {room} tokens" + (f" ({self.max_tokens} with the "
+                                                                  "prompt of pooling 'prompt')" if head else ""))
+            out.append(np.asarray([*head, *ids, *tail], np.int64))
         return out
 
-    def submit(self, items, pooling: str = "mean", normalize: bool = True, field: str = "input") -> Job:
+    def submit(self, items, pooling: str = DEFAULT_POOLING, normalize: bool = True, field: str = "input") -> Job:
         """Check and tokenize here (errors at the call), queue for the embedder's thread."""
         if pooling not in POOLINGS:
             raise OptionError("pooling", f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
@@ -121,7 +141,8 @@ class Embedder:
         why = self.unsupported()
         if why is not None:
             raise PrefixEdgeError(why)
-        job = Job(self.prepare(items, field), pooling, normalize)
+        wrap = sum(map(len, self._wrap())) if pooling == "prompt" else 0
+        job = Job(self.prepare(items, field, pooling), pooling, normalize, wrap)
         with self._cv:
             if self._closed:
                 raise RuntimeClosed("the runtime is closed")
@@ -132,7 +153,7 @@ class Embedder:
             self._cv.notify()
         return job
 
-    def embed(self, items, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
+    def embed(self, items, pooling: str = DEFAULT_POOLING, normalize: bool = True) -> np.ndarray:
         return self.submit(items, pooling, normalize).future.result()
 
     # -- the embedder's thread -----------------------------------------------------------------
@@ -244,7 +265,7 @@ def _settle(future: Future, value=None, error: BaseException | None = None) -> N
 
 
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
-    """[n, d] hidden states -> [d]: their mean, or the last one."""
+    """[n, d] hidden states -> [d]: their mean, or the last one ("last", "prompt")."""
     return hidden.mean(axis=0, dtype=np.float32) if pooling == "mean" else hidden[-1].copy()
 
 

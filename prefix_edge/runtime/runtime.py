@@ -252,12 +252,13 @@ class Runtime:
         `result` and `cancel()`). Leaving the loop early (break, task cancelled) cancels it."""
         return AsyncStream(self.stream(task, text, messages=messages, **overrides))
 
-    def embed(self, texts, pooling: str = "mean", normalize: bool = True):
+    def embed(self, texts, pooling: str = "prompt", normalize: bool = True):
         """Sentence embeddings from the bundle's model: a float32 array (len(texts), hidden size).
         texts: a string, a list of strings, or token ids (a list of ints, or a list of such lists),
-        tokenized as they are (no chat template, no task prefix). pooling: "mean" over the
-        text's tokens or "last" (the last token's final hidden state); normalize: L2 to unit
-        length. Calls from any thread are batched together by the embedder's own thread
+        tokenized as they are (no chat template, no task prefix). pooling: "prompt" (the
+        default: the text in PromptEOL's prompt, its last state; retrieval measured best),
+        "mean" over the text's tokens or "last" (the last token's final hidden state);
+        normalize: L2 to unit length. Calls from any thread are batched together by the embedder's own thread
         (runtime/embedding.py); docs/embeddings.md."""
         return self.embeddings.embed(texts, pooling, normalize)
 

@@ -6,7 +6,7 @@ name is refused: a task's prefix steers what the model writes, not what a text m
 vectors made under different prefixes would not be comparable: docs/embeddings.md).
 `encoding_format`: "float" (default) or "base64" (little-endian float32, as OpenAI's).
 `dimensions`: only the model's own hidden size (a decoder's hidden state is no Matryoshka
-embedding: cutting it is not a smaller embedding). Extensions: `pooling` ("mean", "last") and
+embedding: cutting it is not a smaller embedding). Extensions: `pooling` ("prompt", the default; "mean", "last") and
 `normalize` (default true). The body is checked and tokenized in a worker thread, the vectors
 made by the runtime's embedder thread (runtime/embedding.py) while the response waits holding
 no thread; errors are OpenAI-shaped 4xx naming the field.
@@ -22,6 +22,7 @@ from fastapi import Request
 
 from ..errors import PrefixEdgeError, RuntimeClosed
 from ..options import OptionError
+from ..runtime.embedding import DEFAULT_POOLING
 from .completions import BASE_MODEL, admit
 from .fields import INT, STR, S, check_fields, read_body
 from .schema import ApiError
@@ -71,7 +72,7 @@ class Embeddings:
             if body.get("input") is None:
                 raise ApiError(400, "`input` is required: a string, a list of strings, or token ids",
                                "input")
-            pooling = body.get("pooling") or "mean"
+            pooling = body.get("pooling") or DEFAULT_POOLING
             normalize = body.get("normalize", True)
             try:
                 job = self.rt.embeddings.submit(body["input"], pooling,

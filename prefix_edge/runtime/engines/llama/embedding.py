@@ -29,6 +29,7 @@ class LlamaPooled:
         self._batch = None
 
     def _context(self, pooling: str):
+        pooling = "last" if pooling == "prompt" else pooling  # a wrapped text's last token
         ctx = self._ctx.get(pooling)
         if ctx is not None:
             return ctx
