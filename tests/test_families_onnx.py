@@ -24,6 +24,7 @@ from .helpers.parity import baked_and_prefilled
 pytestmark = pytest.mark.integration
 
 ATOL = 1e-4
+GGUF_TIE = 0.1  # f32 weights, llama.cpp's F16 KV cache: tests/test_hybrid_gguf.py's logit bound
 N = 8
 TASKS = f'''
 [task.support]
@@ -129,3 +130,48 @@ def test_default_export_command_builds_both_engines(tmp_path):
         with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
             baked, full = baked_and_prefilled(rt, "support", INPUTS[0])
             assert np.max(np.abs(baked - full)) < 1e-5, backend
+
+
+def test_a_sentencepiece_checkpoint_exports_both_engines(tmp_path):
+    """ERNIE 4.5 as its checkpoints ship: a SentencePiece `tokenizer.model` and a slow
+    tokenizer's config, no tokenizer.json. The default export writes both engines (llama.cpp's
+    converter reads the .model; the bundle gets the fast tokenizer transformers converts from
+    it); the bundle tokenizes as transformers does; on each engine the greedy answer after the
+    baked prefix is transformers' greedy continuation of the same ids, and baked == prefilled."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    pytest.importorskip("llama_cpp")
+    # use_bias off, as ERNIE-4.5-0.3B ships (llama.cpp's ERNIE graph has no MLP biases: with
+    # them, loading the GGUF fails "wrong number of tensors", one error line)
+    model, tok = build_family("ernie4_5", tmp_path / "model", sentencepiece=True, use_bias=False)
+    assert not (tmp_path / "model" / "tokenizer.json").exists()
+    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    cmd = [sys.executable, "-m", "prefix_edge", "export", str(tmp_path / "model"), "--tasks",
+           str(tmp_path / "tasks.toml"), "--format", "onnx,gguf", "--quantize", "none", "--out",
+           str(tmp_path / "bundle")]
+    p = subprocess.run(cmd, capture_output=True, text=True,
+                       env={**os.environ, "PREFIX_EDGE_HOME": str(tmp_path / "home")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    for backend in ("onnx", "gguf"):
+        with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
+            for text in INPUTS:
+                assert rt.tokenizer.encode(text, add_special_tokens=False).ids == \
+                    tok.encode(text, add_special_tokens=False), text
+            for task in ("support", "raw"):
+                for text in INPUTS:
+                    baked, full = baked_and_prefilled(rt, task, text)
+                    assert np.max(np.abs(baked - full)) < 1e-4, (backend, task, text)
+                    prefix, _ = rt.prefixes.get(task)
+                    ids = np.concatenate([prefix.ids, rt.encode_input(task, text)]).tolist()
+                    got = rt.generate(task, text, max_tokens=N, stop=[]).tokens
+                    assert len(got) > 0, (backend, task, text)
+                    # transformers' logits along the engine's own answer: each token its argmax
+                    # (ONNX fp32), or within llama.cpp's F16-KV noise of it (near ties)
+                    with torch.no_grad():
+                        ref = model(torch.tensor([ids + got])).logits[0, len(ids) - 1:-1].numpy()
+                    gap = ref.max(axis=1) - ref[np.arange(len(got)), got]
+                    assert gap.max() <= (0.0 if backend == "onnx" else GGUF_TIE), (backend, task, text, gap)

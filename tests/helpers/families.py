@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .archs import train_tokenizer
+from .archs import CHATML, CORPUS, train_tokenizer
 
 # kind -> (transformers class, config extras, recurrent layers llama.cpp keeps a state for)
 FAMILIES = {
@@ -55,14 +55,41 @@ MORE = {
 }
 
 
-def build_family(kind: str, out: Path, **overrides):
+def train_sentencepiece(out: Path):
+    """A SentencePiece BPE tokenizer as ERNIE 4.5, Gemma 3n and Llama 2 ship theirs: a
+    `tokenizer.model` and a slow tokenizer's config, no tokenizer.json (byte fallback, identity
+    normalisation, <unk> <s> </s> at 0-2, the ChatML markers as user-defined pieces). Saved in
+    `out`; returns the transformers tokenizer a user's AutoTokenizer makes of it (the fast one,
+    converted from the .model, as export reads it)."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import AutoTokenizer, LlamaTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 20), model_writer=model, vocab_size=400, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, split_digits=True, minloglevel=2,
+        user_defined_symbols=["<|im_start|>", "<|im_end|>"], unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.model").write_bytes(model.getvalue())
+    slow = LlamaTokenizer(vocab_file=str(out / "tokenizer.model"), legacy=False, add_bos_token=False)
+    slow.chat_template = CHATML
+    slow.save_pretrained(out)
+    assert not (out / "tokenizer.json").exists()
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides):
     """FAMILIES[kind] (config extras updated by `overrides`), seeded, saved in `out` with its
-    tokenizer; returns (model, tokenizer)."""
+    tokenizer (sentencepiece: a tokenizer.model, train_sentencepiece); returns (model,
+    tokenizer)."""
     import torch
     import transformers
 
     cls_name, extras, _ = {**FAMILIES, **MORE}[kind]
-    tokenizer = train_tokenizer("gpt2")
+    tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
     vocab = -(-len(tokenizer) // 8) * 8 if kind == "granitehybrid" else len(tokenizer)
     cls = getattr(transformers, cls_name)
@@ -81,5 +108,6 @@ def build_family(kind: str, out: Path, **overrides):
                 p.uniform_(0.5, 1.5)
     model.eval()
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if not sentencepiece:  # (a SentencePiece one is saved as it ships, by train_sentencepiece)
+        tokenizer.save_pretrained(out)
     return model, tokenizer
