@@ -110,15 +110,12 @@ def test_baked_prefix_is_the_prefill(family):
             assert a.tokens == b.tokens and len(a.tokens) > 0, (name, task, text)
 
 
-def test_default_export_command_builds_both_engines(tmp_path):
-    """`prefix-edge export DIR --tasks T --format onnx,gguf --quantize none` on Hunyuan dense (the
-    own ONNX builder refused it before), both engines' baked prefixes equal to their prefill."""
+def export_both(tmp_path) -> None:
+    """The default export command on tmp_path/model: `--format onnx,gguf --quantize none`."""
     import os
     import subprocess
     import sys
 
-    pytest.importorskip("llama_cpp")
-    build_family("hunyuan", tmp_path / "model")
     (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
     cmd = [sys.executable, "-m", "prefix_edge", "export", str(tmp_path / "model"), "--tasks",
            str(tmp_path / "tasks.toml"), "--format", "onnx,gguf", "--quantize", "none", "--out",
@@ -126,6 +123,14 @@ def test_default_export_command_builds_both_engines(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True,
                        env={**os.environ, "PREFIX_EDGE_HOME": str(tmp_path / "home")})
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_default_export_command_builds_both_engines(tmp_path):
+    """`prefix-edge export DIR --tasks T --format onnx,gguf --quantize none` on Hunyuan dense (the
+    own ONNX builder refused it before), both engines' baked prefixes equal to their prefill."""
+    pytest.importorskip("llama_cpp")
+    build_family("hunyuan", tmp_path / "model")
+    export_both(tmp_path)
     for backend in ("onnx", "gguf"):
         with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
             baked, full = baked_and_prefilled(rt, "support", INPUTS[0])
@@ -138,10 +143,6 @@ def test_a_sentencepiece_checkpoint_exports_both_engines(tmp_path):
     converter reads the .model; the bundle gets the fast tokenizer transformers converts from
     it); the bundle tokenizes as transformers does; on each engine the greedy answer after the
     baked prefix is transformers' greedy continuation of the same ids, and baked == prefilled."""
-    import os
-    import subprocess
-    import sys
-
     import torch
 
     pytest.importorskip("llama_cpp")
@@ -149,13 +150,7 @@ def test_a_sentencepiece_checkpoint_exports_both_engines(tmp_path):
     # them, loading the GGUF fails "wrong number of tensors", one error line)
     model, tok = build_family("ernie4_5", tmp_path / "model", sentencepiece=True, use_bias=False)
     assert not (tmp_path / "model" / "tokenizer.json").exists()
-    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
-    cmd = [sys.executable, "-m", "prefix_edge", "export", str(tmp_path / "model"), "--tasks",
-           str(tmp_path / "tasks.toml"), "--format", "onnx,gguf", "--quantize", "none", "--out",
-           str(tmp_path / "bundle")]
-    p = subprocess.run(cmd, capture_output=True, text=True,
-                       env={**os.environ, "PREFIX_EDGE_HOME": str(tmp_path / "home")})
-    assert p.returncode == 0, p.stderr[-2000:]
+    export_both(tmp_path)
     for backend in ("onnx", "gguf"):
         with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
             for text in INPUTS:

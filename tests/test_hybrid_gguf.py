@@ -25,6 +25,7 @@ from prefix_edge.llamacpp.seqstate import SEQ_STATE_MAGIC, check_seq_state, pars
 from prefix_edge.llamacpp.seqstate_write import build_seq_state, in_stream, out_of_stream
 
 from .helpers.families import FAMILIES, build_family
+from .helpers.parity import baked_and_prefilled
 
 pytest.importorskip("llama_cpp")
 
@@ -86,16 +87,6 @@ def test_state_layout_and_fidelity(family):
             assert (be.n_swa, be.state_parts) == (0, 1)
         if kind == "gemma3-sliding":  # every layer in the window's cache, none in the full one
             assert (be.state_parts, be.kv_layers, be.swa_n_layer) == (2, 0, 2)
-
-
-def baked_and_prefilled(rt, task: str, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """First-step logits of `text` after the task's baked prefix, and with the prefix prefilled."""
-    ids = rt.encode_input(task, text)
-    prefix, _ = rt.prefixes.get(task)
-    rt.backend.begin(prefix)
-    baked = rt.backend.prefill(ids)
-    rt.backend.begin(None)
-    return baked, rt.backend.prefill(np.concatenate([prefix.ids, ids]))
 
 
 @pytest.mark.integration

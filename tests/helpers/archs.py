@@ -109,18 +109,13 @@ def train_tokenizer(style: str):
     return fast
 
 
-def build_arch(kind: str, out: Path, convert: bool = True, **overrides) -> Built:
-    """ARCHS[kind] (its config extras updated by `overrides`), seeded, saved in `out` with its
-    tokenizer, and converted to `out`/model-f32.gguf unless convert=False."""
+def seeded_model(cls, tokenizer, vocab: int, extras: dict):
+    """A tiny `cls` (hidden 64, 4 heads, 2 KV heads, 2 layers unless `extras` says), seeded, its
+    biases and norm weights drawn too (HF inits them to 0 and 1), in eval mode."""
     import torch
-    import transformers
 
-    cls_name, extras, style, _, _ = ARCHS[kind]
-    extras = {**extras, **overrides}
-    tokenizer = train_tokenizer(style)
-    cls = getattr(transformers, cls_name)
     config = cls.config_class(**{
-        "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
         "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id, **extras})
@@ -132,7 +127,18 @@ def build_arch(kind: str, out: Path, convert: bool = True, **overrides) -> Built
                 p.normal_(0.0, 0.2)
             elif "norm" in name:
                 p.uniform_(0.5, 1.5)
-    model.eval()
+    return model.eval()
+
+
+def build_arch(kind: str, out: Path, convert: bool = True, **overrides) -> Built:
+    """ARCHS[kind] (its config extras updated by `overrides`), seeded, saved in `out` with its
+    tokenizer, and converted to `out`/model-f32.gguf unless convert=False."""
+    import transformers
+
+    cls_name, extras, style, _, _ = ARCHS[kind]
+    extras = {**extras, **overrides}
+    tokenizer = train_tokenizer(style)
+    model = seeded_model(getattr(transformers, cls_name), tokenizer, len(tokenizer), extras)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if kind == "phi3":  # Phi-4-mini's tokenizer is a GPT-2 BPE, and its config says so

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .archs import CHATML, CORPUS, train_tokenizer
+from .archs import CHATML, CORPUS, seeded_model, train_tokenizer
 
 # kind -> (transformers class, config extras, recurrent layers llama.cpp keeps a state for)
 FAMILIES = {
@@ -85,28 +85,13 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
     """FAMILIES[kind] (config extras updated by `overrides`), seeded, saved in `out` with its
     tokenizer (sentencepiece: a tokenizer.model, train_sentencepiece); returns (model,
     tokenizer)."""
-    import torch
     import transformers
 
     cls_name, extras, _ = {**FAMILIES, **MORE}[kind]
     tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
     vocab = -(-len(tokenizer) // 8) * 8 if kind == "granitehybrid" else len(tokenizer)
-    cls = getattr(transformers, cls_name)
-    config = cls.config_class(**{
-        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-        "initializer_range": 0.2, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id, **extras, **overrides})
-    torch.manual_seed(0)
-    model = cls(config)
-    with torch.no_grad():  # HF inits biases to 0 and norms to 1: randomize so both are tested
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
-    model.eval()
+    model = seeded_model(getattr(transformers, cls_name), tokenizer, vocab, {**extras, **overrides})
     model.save_pretrained(out)
     if not sentencepiece:  # (a SentencePiece one is saved as it ships, by train_sentencepiece)
         tokenizer.save_pretrained(out)
