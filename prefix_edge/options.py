@@ -34,15 +34,18 @@ class OptionError(PrefixEdgeError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # int | float | stop | bias | schema | pattern
+    kind: str  # int | float | stop | bias | schema | pattern | choice
     default: Any
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False  # (lo, hi] rather than [lo, hi]
     help: str = ""
+    choices: tuple[str, ...] = ()  # kind "choice": the values it takes
 
     @property
     def range(self) -> str:
+        if self.choices:
+            return " | ".join(self.choices)
         if self.lo is None:
             return ""
         hi = "2**63" if self.hi == 2 ** 63 else f"{self.hi:g}" if isinstance(self.hi, float) else str(self.hi)
@@ -89,6 +92,11 @@ class Field:
                                             "in [-100, 100]")
                 bias[tok] = float(v)
             return bias
+        if k == "choice":
+            if not isinstance(value, str) or value not in self.choices:
+                raise OptionError(name, f"{name} must be one of {', '.join(map(repr, self.choices))}, "
+                                        f"got {value!r}")
+            return value
         if k == "schema":
             if not isinstance(value, (bool, dict)):
                 raise OptionError(name, f"{name} must be a JSON schema (an object), true (any JSON object) "
@@ -115,6 +123,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("json_schema", "schema", None),  # a JSON schema, or true: any JSON object
     Field("regex", "pattern", None),
     Field("grammar", "pattern", None),     # a Lark grammar (llguidance's dialect)
+    Field("speculative", "choice", "off", choices=("off", "lookup"),
+          help="lookup: draft the constraint's forced tokens and spans of the input, verified in "
+               "one forward (docs/speculative.md)"),
 )}
 DEFAULTS: dict[str, Any] = {name: f.default for name, f in FIELDS.items()}
 CONSTRAINTS = ("json_schema", "regex", "grammar")

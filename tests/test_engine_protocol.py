@@ -48,9 +48,9 @@ def assigned(cls) -> set[str]:
 def test_the_protocol_declares_what_its_users_ask():
     attrs, calls = declared()
     assert {"n_batch", "n_vocab", "kv_cells_total", "single_seq", "n_ctx", "keeps_partial",
-            "state_layout"} <= attrs
+            "state_layout", "verifies"} <= attrs
     assert {"from_bundle", "seq_restore", "seq_copy", "seq_snapshot", "forward", "seq_free", "seq_pos",
-            "prefix_from", "load_prefix", "read_prefix_ids", "save_prefix", "write_snapshot",
+            "seq_truncate", "prefix_from", "load_prefix", "read_prefix_ids", "save_prefix", "write_snapshot",
             "state_info", "close"} <= calls
 
 

@@ -16,39 +16,16 @@ import pytest
 from prefix_edge.errors import PrefixEdgeError, RuntimeBusy
 from prefix_edge.runtime.prefix import Prefix
 from prefix_edge.runtime.request import Request
-from prefix_edge.runtime.sampling import Sampler
-from prefix_edge.runtime.scheduler import Scheduler
-from prefix_edge.runtime.text import TextStream
-from tests.helpers.fake_engine import EOS, FakeEngine, tokenizer
+from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.scheduling import TOK, outcome, request, scheduler
 
 pytestmark = pytest.mark.unit
-TOK = tokenizer()
-SLOTS = 4
 
 
-def request(ids, max_tokens: int = 6, prefix: Prefix | None = None, key: str | None = None,
-            cuts=(), stops=(), **kw) -> Request:
-    sampler = Sampler(**kw)
-    return Request("t", key, prefix, np.asarray(ids, np.int64), max_tokens, sampler,
-                   TextStream(TOK, list(stops)), {EOS}, cuts=tuple(cuts))
 
 
-def scheduler(engine: FakeEngine | None = None, slots: int = SLOTS, **kw) -> tuple[Scheduler, FakeEngine]:
-    engine = engine or FakeEngine()
-    return Scheduler(engine, slots=slots, request_seqs=tuple(range(slots)), **kw), engine
 
 
-def outcome(r: Request, timeout: float = 20.0) -> tuple[str, str]:
-    """(finish reason, or 'error: ...'; the text) once r has ended."""
-    text = []
-    while True:
-        kind, value = r.events.get(timeout=timeout)
-        if kind == "text":
-            text.append(value)
-        elif kind == "done":
-            return value, "".join(text)
-        else:
-            return f"error: {value}", "".join(text)
 
 
 def alone(ids, **kw) -> tuple[list[int], str]:

@@ -48,7 +48,7 @@ def takes(spec: str, kind: str) -> bool:
 SAMPLING = {"max_tokens": "int|null", "temperature": "num|null", "top_p": "num|null",
             "seed": "int|null", "stop": "str|list|null", "presence_penalty": "num|null",
             "frequency_penalty": "num|null", "logit_bias": "obj|null", "top_k": "int|null",
-            "min_p": "num|null", "repetition_penalty": "num|null"}
+            "min_p": "num|null", "repetition_penalty": "num|null", "speculative": "str|null"}
 COMMON = {"model": "str", "stream": "bool|null", "stream_options": "obj|null", "user": "str|null",
           "n": "int|null", "metadata": "obj|null", "store": "bool|null", "service_tier": "str|null",
           "echo": "bool|null", "suffix": "str|null", "best_of": "int|null",

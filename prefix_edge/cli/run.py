@@ -62,6 +62,7 @@ def run(
     repetition_penalty: Optional[float] = typer.Option(None, "--repetition-penalty", help=_help("repetition_penalty")),
     presence_penalty: Optional[float] = typer.Option(None, "--presence-penalty", help=_help("presence_penalty")),
     frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty", help=_help("frequency_penalty")),
+    speculative: Optional[str] = typer.Option(None, "--speculative", help=_help("speculative")),
     no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="Prefill the prefix tokens in the request instead of loading the baked KV (the baseline)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with text, tokens and stats."),
     json_schema: Optional[Path] = typer.Option(None, "--json-schema", help="A JSON schema file: the answer is one JSON value of it (constrained decoding)."),
@@ -76,7 +77,7 @@ def run(
     opts = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                 min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty, use_prefix_cache=not no_prefix_cache,
-                json_schema=_schema(json_schema), regex=regex)
+                json_schema=_schema(json_schema), regex=regex, speculative=speculative)
     if not chat:
         if task is None:
             raise PrefixEdgeError("--task is required (or --chat for a conversation)")

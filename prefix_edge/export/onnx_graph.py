@@ -7,11 +7,12 @@ thousands of shape/concat/gather ops:
     and v (+bias) → GroupQueryAttention (packed qkv, rotary inside, causal, grouped heads)
     → MatMul o → SkipSimplifiedLayerNormalization → one MatMul for gate and up → Split
     → SiLU(gate)·up → MatMul down
-    → final norm → the last position only → MatMul lm_head
+    → final norm → the last LOGITS_TAIL positions → MatMul lm_head
 
 Inputs: input_ids [batch, seq] int64, past_key_values.{i}.key|value [batch, n_kv, L, head_dim]
 float, seqlens_k [batch] int32 (total length - 1), total_sequence_length [] int32. Outputs:
-logits [batch, 1, vocab] (the last position: all a decoder needs), present.{i}.key|value, and
+logits [batch, rows, vocab] (the last min(seq, LOGITS_TAIL) positions: a decode step's one,
+and a verified draft's; bundles before it give the last position only), present.{i}.key|value, and
 hidden_states [batch, seq, hidden] (the final norm's output at every position: what the lm_head
 reads, and what `Runtime.embed` pools; bundles exported before it lack it, and embed refuses them
 with onnx in one line naming the re-export). A run that binds no hidden_states gets none copied.
@@ -69,6 +70,7 @@ GEMMA3_LAYERS = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 OPSET = 18  # Split's num_outputs
 HIDDEN_STATES = "hidden_states"  # the output embeddings read (a bundle without it: no onnx embeddings)
+LOGITS_TAIL = 9  # logits of the last this many positions (a run of fewer: all of its own)
 
 
 def _refuse(what: str) -> PrefixEdgeError:
@@ -357,7 +359,9 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)
     hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], [HIDDEN_STATES],
               "/model/norm", domain="com.microsoft", epsilon=eps)
-    last = node("Slice", [hn, init("last_start", np.array([-1], np.int64)),
+    # the last LOGITS_TAIL positions (a decode step has one; a draft's verification up to
+    # that many, runtime/drafting.py): a few more lm_head rows per prefill chunk
+    last = node("Slice", [hn, init("last_start", np.array([-LOGITS_TAIL], np.int64)),
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
                           init("last_axis", np.array([1], np.int64))], ["/model/last"], "/model/Slice_last")
     head = w.pop("lm_head.weight", None)
@@ -373,7 +377,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape) for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
                helper.make_tensor_value_info("total_sequence_length", i32, [])]
-    outs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, int(head.shape[0])]),
+    outs = [helper.make_tensor_value_info("logits", f32, ["batch", "rows", int(head.shape[0])]),
             helper.make_tensor_value_info(HIDDEN_STATES, f32, ["batch", "seq", hidden])]
     outs += [helper.make_tensor_value_info(n, f32, ["batch", n_kv, "total_len", head_dim]) for n in outputs]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])

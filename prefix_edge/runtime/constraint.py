@@ -286,6 +286,21 @@ class Constraint:
             raise self._error(self._m.get_error() or f"token {int(token)} is not allowed")
         self.steps += 1
 
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the constraint forces next (llguidance's fast-forward), a
+        draft for speculative decoding (drafting.py); none where it cannot say."""
+        try:
+            return [int(t) for t in self._m.compute_ff_tokens()[:limit]]
+        except Exception:  # a draft is a hint: never an error
+            return []
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` the constraint would accept in a row from here."""
+        try:
+            return int(self._m.validate_tokens([int(t) for t in tokens]))
+        except Exception:
+            return 0
+
     def copy(self) -> "Constraint":
         c = Constraint.__new__(Constraint)
         c._m, c._n, c._lnp, c.field, c.steps = self._m.deep_copy(), self._n, self._lnp, self.field, self.steps

@@ -274,7 +274,8 @@ class Requests:
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
-                       turn=(root, full, full_cuts) if messages is not None else None)
+                       turn=(root, full, full_cuts) if messages is not None else None,
+                       speculative=opts["speculative"])
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
         """The engine-thread callback that keeps a prompt's KV once it is read."""
@@ -295,7 +296,8 @@ class Requests:
                        self._sampler(opts, req.sampler.constraint is not None, req.tools),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos,
                        prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
-                       logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools)
+                       logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools,
+                       speculative=req.speculative)
 
     def result(self, r: Request, finish: str) -> Result:
         end = time.perf_counter()
@@ -310,7 +312,9 @@ class Requests:
             decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
             total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
             prefix_cached=r.prefix_cached, finish_reason=finish,
-            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit)
+            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit,
+            drafted_tokens=r.drafter.drafted if r.drafter is not None else 0,
+            accepted_tokens=r.drafter.accepted if r.drafter is not None else 0)
         text = "".join(r.chunks)
         return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools, finish in ENDED))
 

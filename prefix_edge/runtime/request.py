@@ -40,6 +40,8 @@ class Request:
     turn_hit: int = 0            # input tokens restored from the prompt cache (not in `ids`)
     tools: object = None         # tools.ToolSpec: the answer may be read as a tool call
     turn: tuple | None = None    # a conversation's (root, input ids, cuts): its turn-cache key
+    speculative: str = "off"     # "lookup": drafts verified in one forward (drafting.py)
+    drafter: object = None       # drafting.Drafter, made at its first decode step
     # engine-side state
     forked: bool = False
     seq: int = -1

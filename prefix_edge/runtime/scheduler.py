@@ -16,7 +16,9 @@ fixed number of cells: a request reserves input + max_tokens cells on admission 
 they are not free.
 
 Sampling, stop strings and detokenization run here too, per request; a request's consumer
-only reads events (text chunks, then a Result or an error) from its queue.
+only reads events (text chunks, then a Result or an error) from its queue. A request with
+speculative="lookup" forwards a draft after its next token and keeps what the model agrees
+with (drafting.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from .drafting import Drafting
 from .prefix import Prefix
 from .cache.prompts import chunk_end
 from .request import Request
@@ -68,7 +71,9 @@ class Scheduler:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
-        self.stats = {"steps": 0, "resident_restores": 0, "resident_hits": 0, "forward_tokens": 0}
+        self.stats = {"steps": 0, "resident_restores": 0, "resident_hits": 0, "forward_tokens": 0,
+                      "drafted": 0, "accepted": 0}
+        self.drafting = Drafting(backend, self.stats)
         self._thread = threading.Thread(target=self._loop, name="prefix-edge-engine", daemon=True)
         self._thread.start()
         atexit.register(_close_at_exit, weakref.ref(self))  # never exit inside a native call
@@ -330,10 +335,17 @@ class Scheduler:
         `prefill_chunk` from the input's start, never cut by the batch's budget), so each
         request sees the same kernel shapes as in its lone run."""
         decode, budget = [], self.n_batch
+        waiting = sum(r.next_token is not None for r in self.active)
         for r in sorted(self.active, key=lambda r: r.seq):  # decoding requests: one token each
             if r.next_token is not None and budget >= 1:
-                decode.append(((r.seq, r.pos, np.array([r.next_token], np.int64)), (r, 1, True)))
-                budget -= 1
+                budget, waiting = budget - 1, waiting - 1
+                draft = self.drafting.draft(r, budget - waiting)  # a draft never takes a turn
+                if draft is None:
+                    decode.append(((r.seq, r.pos, np.array([r.next_token], np.int64)), (r, 1, True)))
+                    continue
+                ids = np.array([r.next_token, *draft], np.int64)  # and a draft to verify
+                decode.append(((r.seq, r.pos, ids, ids.size), (r, ids.size, draft)))
+                budget -= len(draft)
         groups = [decode] if decode else []
         for r in self.active:  # then a prefill chunk for requests still reading their input
             if r.next_token is None and r.fed < len(r.ids):
@@ -357,6 +369,9 @@ class Scheduler:
         self.stats["steps"] += 1
         self.stats["forward_tokens"] += sum(n for _, n, _ in owners)
         for (r, n, sample), lg in zip(owners, logits):
+            if isinstance(sample, list):  # a draft's verification (rows of logits)
+                self.drafting.verify(r, lg, sample, self._sample, self._finish)
+                continue
             r.pos += n
             if r.next_token is None:
                 r.fed += n

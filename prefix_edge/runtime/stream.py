@@ -23,6 +23,8 @@ class Stats:
     prefix_cached: bool = True
     finish_reason: str = ""
     cached_tokens: int = 0  # positions restored instead of computed: the prefix, earlier turns
+    drafted_tokens: int = 0   # speculative="lookup": draft tokens verified...
+    accepted_tokens: int = 0  # ...and those the model agreed with (each saved a forward)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -271,7 +271,8 @@ COMPLETION_FIELDS = {
     "functions": S("list"), "function_call": S("str|obj"), "prompt_cache_key": STR,
     "safety_identifier": STR, "modalities": S("list", items=STR), "reasoning_effort": STR,
     "verbosity": STR, "web_search_options": OBJ, "prediction": OBJ, "audio": OBJ,
-    "documents": DOCUMENTS, "compose_documents": BOOL}  # the last two: extensions (documents.py)
+    "documents": DOCUMENTS, "compose_documents": BOOL,  # extensions (documents.py)
+    "speculative": STR}  # an extension: options.py
 
 # POST /v1/responses
 ITEM = S("obj", {"type": STR, "role": STR, "content": S("str|list", items=PART), "call_id": STR,

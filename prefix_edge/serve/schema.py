@@ -22,7 +22,8 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
            "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
            "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio",
-           "documents", "compose_documents"}  # the last two: the runtime checks them
+           "documents", "compose_documents",  # the last two: the runtime checks them
+           "speculative"}
 
 
 def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
@@ -74,7 +75,7 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
 # OpenAI's sampling fields that are this runtime's generation options of the same name
 # (options.py: one type, range and default each, shared with task files, the CLI and the API)
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-            "frequency_penalty", "repetition_penalty", "logit_bias")
+            "frequency_penalty", "repetition_penalty", "logit_bias", "speculative")
 
 
 def sampling_options(body: dict) -> dict[str, Any]:

@@ -89,7 +89,7 @@ class FakeEngine(OneSequence):
         return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
                       checked_by=self, pin=False)
 
-    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+    def forward(self, items: list[tuple]) -> list[np.ndarray]:
         if self.gate is not None:
             self.held.set()
             self.gate.acquire()
@@ -97,19 +97,32 @@ class FakeEngine(OneSequence):
         if self.fail_next is not None:
             e, self.fail_next = self.fail_next, None
             raise e
-        if sum(np.size(ids) for _, _, ids in items) > self.n_batch:
+        if sum(np.size(it[2]) for it in items) > self.n_batch:
             raise PrefixEdgeError(f"forward exceeds n_batch={self.n_batch}")
-        self.log.append([(seq, pos, int(np.size(ids))) for seq, pos, ids in items])
+        self.log.append([(seq, pos, int(np.size(ids))) for seq, pos, ids, *_ in items])
         out = []
-        for seq, pos, ids in items:
+        for seq, pos, ids, *rows in items:
             state = self.seqs.setdefault(seq, [])
             if pos != len(state):
                 raise PrefixEdgeError(f"sequence {seq} is at position {len(state)}, not {pos}")
             state.extend(int(t) for t in np.asarray(ids).reshape(-1))
             if len(state) > self.n_ctx:
                 raise PrefixEdgeError("context full")
-            out.append(self.logits(state))
+            if rows:  # the last `rows` positions' logits, each of the state up to it
+                n = min(int(rows[0]), int(np.size(ids)))
+                out.append(np.stack([self.logits(state[:len(state) - n + 1 + j]) for j in range(n)]))
+            else:
+                out.append(self.logits(state))
         return out
+
+    def seq_truncate(self, seq: int, pos: int) -> None:
+        if not self.verifies:
+            raise PrefixEdgeError("cannot cut this state back")
+        del self.seqs[seq][pos:]
+
+    @property
+    def verifies(self) -> bool:
+        return self.keeps_partial
 
     def logits(self, state: list[int]) -> np.ndarray:
         seed = int.from_bytes(hashlib.blake2b(np.asarray(state, np.int64).tobytes(), digest_size=8).digest(),

@@ -10,6 +10,9 @@ caller at run time, from its one engine thread, and makes exactly these calls:
     engine.seq_copy(src, dst)         dst := src (llama.cpp: shares the KV cells)
     engine.seq_snapshot(seq, ids)     seq's KV copied out as a Prefix (the turn cache)
     engine.forward([(seq, pos, ids)]) one forward over several sequences -> last logits of each
+                                      (an item (seq, pos, ids, rows): its last `rows` positions'
+                                      logits, [rows, n_vocab], where `verifies`)
+    engine.seq_truncate(seq, pos)     drop seq's positions pos.. (a rejected draft's KV)
     engine.seq_free(seq)
 
 Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
@@ -114,6 +117,12 @@ class Engine(Protocol):
     single_seq: int
     state_layout: StateLayout  # which layers hold KV, a window of it, or a recurrent state
     keeps_partial: bool  # seq_restore(keep=...) is allowed: state_layout.keeps_partial
+    # Speculative decoding (runtime/drafting.py) can run here: forward takes items of four,
+    # (seq, pos, ids, rows), returning their last `rows` positions' logits, and seq_truncate
+    # cuts a sequence back. False where the state cannot be cut back (not keeps_partial) or the
+    # model gives only the last position's logits (an ONNX graph without `logits_rows`):
+    # `speculative="lookup"` then decodes as "off".
+    verifies: bool
 
     @classmethod
     def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...
@@ -125,7 +134,9 @@ class Engine(Protocol):
 
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix: ...
 
-    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]: ...
+    def forward(self, items: list[tuple]) -> list[np.ndarray]: ...
+
+    def seq_truncate(self, seq: int, pos: int) -> None: ...  # keep positions 0..pos-1 (verifies)
 
     def seq_free(self, seq: int) -> None: ...
 

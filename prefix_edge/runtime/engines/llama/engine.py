@@ -294,16 +294,18 @@ class LlamaBackend(PrefixFiles, OneSequence):
             self._copied.pop(seq, None)
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
-    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
-        """One llama_decode over several sequences: items are (seq, first position, token ids);
-        returns each item's last-token logits. Total tokens <= n_batch."""
+    def forward(self, items: list[tuple]) -> list[np.ndarray]:
+        """One llama_decode over several sequences: items are (seq, first position, token ids)
+        or (seq, first position, token ids, rows); returns each item's last-token logits, or
+        its last `rows` positions' logits [rows, n_vocab] (a draft's verification). Total
+        tokens <= n_batch."""
         L = self._L
         self._live()
-        grow(self, max(pos + np.size(ids) for _, pos, ids in items))
+        grow(self, max(it[1] + np.size(it[2]) for it in items))
         b = self.batch
         k = 0
         last = []
-        for seq, pos, ids in items:
+        for seq, pos, ids, *rows in items:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size == 0:
                 raise PrefixEdgeError("forward needs at least one token per sequence")
@@ -314,30 +316,47 @@ class LlamaBackend(PrefixFiles, OneSequence):
                 raise PrefixEdgeError(f"token id outside the vocabulary (0..{self.n_vocab - 1})")
             if k + ids.size > self.n_batch:
                 raise PrefixEdgeError(f"forward of {k + ids.size} tokens exceeds n_batch={self.n_batch}")
+            n_rows = min(int(rows[0]), ids.size) if rows else 0
             for j, tok in enumerate(ids.tolist()):
                 b.token[k] = tok
                 b.pos[k] = pos + j
                 b.n_seq_id[k] = 1
                 b.seq_id[k][0] = seq
-                b.logits[k] = 0
+                b.logits[k] = 1 if j >= ids.size - n_rows else 0
                 k += 1
             b.logits[k - 1] = 1
-            last.append(k - 1)
+            last.append((k - 1, n_rows))
         b.n_tokens = k
         rc = L.llama_decode(self.ctx, b)
         self._copied.clear()  # a decode carries out every pending copy
         if rc != 0:
-            for seq, pos, _ in items:  # drop whatever part of this batch was stored
+            for seq, pos, *_ in items:  # drop whatever part of this batch was stored
                 L.llama_memory_seq_rm(self.mem, seq, pos, -1)
             why = "the KV cache is full" if rc == 1 else f"code {rc}"
             raise PrefixEdgeError(f"llama_decode failed ({why})")
         out = []
-        for i in last:
-            ptr = L.llama_get_logits_ith(self.ctx, i)
-            if not ptr:
-                raise PrefixEdgeError("llama.cpp returned no logits")
-            out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True))
+        for i, n_rows in last:
+            rows = [self._logits_at(j) for j in range(i - max(n_rows, 1) + 1, i + 1)]
+            out.append(np.stack(rows) if n_rows else rows[0])
         return out
+
+    def _logits_at(self, i: int) -> np.ndarray:
+        ptr = self._L.llama_get_logits_ith(self.ctx, i)
+        if not ptr:
+            raise PrefixEdgeError("llama.cpp returned no logits")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True)
+
+    def seq_truncate(self, seq: int, pos: int) -> None:
+        """Drop `seq`'s cells at positions pos.. (a rejected draft's)."""
+        self._live()
+        if not self.verifies or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
+            raise PrefixEdgeError(f"cannot cut sequence {seq} back to {pos} here")
+
+    @property
+    def verifies(self) -> bool:
+        """Drafts can be verified: every layer's cells can be cut back (no sliding window, no
+        recurrent state)."""
+        return self.keeps_partial
 
     def seq_pos(self, seq: int) -> int:
         """The next position of `seq` (after its last stored cell)."""

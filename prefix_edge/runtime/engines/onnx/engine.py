@@ -92,6 +92,9 @@ class OnnxBackend(OneSequence):
         if logits is None or not isinstance(logits.shape[-1], int):
             raise PrefixEdgeError(f"{model_path}: not a decoder graph with a logits output of a fixed vocabulary")
         self.n_vocab = int(logits.shape[-1])
+        # a graph whose logits hold the last few positions (onnx_graph.py LOGITS_TAIL, declared
+        # "rows"; docs/bundle-format.md) verifies drafts; one of the last position only does not
+        self.verifies = self.fused and logits.shape[1] != 1
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
@@ -328,22 +331,41 @@ class OnnxBackend(OneSequence):
         if seq in self.seqs:
             self._recycle(self.seqs.pop(seq)[0])
 
-    def forward(self, items: list[tuple[int, int, np.ndarray]]) -> list[np.ndarray]:
+    def forward(self, items: list[tuple]) -> list[np.ndarray]:
+        """Each item a graph run of its own: (seq, pos, ids) -> the last position's logits;
+        (seq, pos, ids, rows) -> the last `rows` positions' [rows, n_vocab] (`verifies`)."""
         out = []
-        for seq, pos, ids in items:
+        for seq, pos, ids, *rows in items:
             past, have = self.seqs[seq]
             if pos != have:
                 raise PrefixEdgeError(f"sequence {seq} is at position {have}, not {pos}")
-            logits, past = self._run(past, pos, ids)
+            n_rows = min(int(rows[0]), int(np.asarray(ids).size)) if rows else 0
+            if n_rows > 1 and not self.verifies:
+                raise PrefixEdgeError("this ONNX graph gives only the last position's logits")
+            logits, past = self._run(past, pos, ids, max(n_rows, 1))
+            if logits.shape[0] != max(n_rows, 1):
+                raise PrefixEdgeError(f"the ONNX graph gave {logits.shape[0]} rows of logits, not {n_rows}")
             self.seqs[seq] = (past, pos + int(np.asarray(ids).size))
-            out.append(logits)
+            out.append(logits if n_rows else logits[-1])
         return out
+
+    def seq_truncate(self, seq: int, pos: int) -> None:
+        """Keep `seq`'s positions 0..pos-1: a fused buffer's length; other graphs' past arrays
+        cut (copied out of ORT's)."""
+        past, have = self.seqs[seq]
+        if not 0 <= pos <= have:
+            raise PrefixEdgeError(f"cannot cut sequence {seq} at {have} back to {pos}")
+        if not self.fused:
+            past = [np.ascontiguousarray(np.asarray(v if isinstance(v, np.ndarray) else v.numpy())[:, :, :pos])
+                    for v in past]
+        self.seqs[seq] = (past, pos)
 
     def seq_pos(self, seq) -> int:
         return self.seqs[seq][1] if seq in self.seqs else 0
 
-    def _run(self, past: list, pos: int, ids: np.ndarray):
-        """Append `ids` at `pos` after `past`; return the last position's logits and the new past.
+    def _run(self, past: list, pos: int, ids: np.ndarray, rows: int = 1):
+        """Append `ids` at `pos` after `past`; return the last `rows` positions' logits
+        [rows, n_vocab] and the new past.
 
         Runs through an IO binding: the presents stay OrtValues owned by ORT and are bound as
         the next call's past directly, so the KV is never copied out to numpy between steps
@@ -355,7 +377,7 @@ class OnnxBackend(OneSequence):
         if pos + n > self.n_ctx:
             raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
         if self.fused:
-            return self._run_fused(past, pos, ids)
+            return self._run_fused(past, pos, ids, rows)
         b = self.session.io_binding()
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
@@ -374,9 +396,9 @@ class OnnxBackend(OneSequence):
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         out = b.get_outputs()
-        return np.array(out[0].numpy()[0, -1], dtype=np.float32), out[1:]
+        return np.array(out[0].numpy()[0, -rows:], dtype=np.float32), out[1:]
 
-    def _run_fused(self, buf: "KvBuffer", pos: int, ids: np.ndarray):
+    def _run_fused(self, buf: "KvBuffer", pos: int, ids: np.ndarray, rows: int = 1):
         n = ids.shape[1]
         if pos + n > buf.capacity:
             old = buf
@@ -395,7 +417,7 @@ class OnnxBackend(OneSequence):
             self.session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
-        return np.array(b.get_outputs()[0].numpy()[0, -1], dtype=np.float32), buf
+        return np.array(b.get_outputs()[0].numpy()[0, -rows:], dtype=np.float32), buf
 
     def close(self) -> None:
         self.session = None

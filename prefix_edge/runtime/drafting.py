@@ -1,0 +1,181 @@
+"""Speculative decoding by lookup (`speculative="lookup"`): more than one token per forward.
+
+On a CPU a decode step reads every weight once for one token; a forward of a few more tokens
+costs about the same. So for a request in its decode phase the scheduler (scheduler.py) drafts
+up to k tokens after the token it is about to forward:
+
+- first the constraint's forced tokens (llguidance's fast-forward: the keys, quotes and braces
+  a JSON schema determines),
+- then prompt lookup: the longest of the last NGRAMS tokens found again in the prompt and the
+  answer so far (numpy over the history, no Python loop over it or over the vocabulary), and
+  the tokens that followed it there,
+
+cut where the constraint refuses one (validate_tokens). The draft goes into the same engine
+forward as the other sequences' steps, as one item whose last k+1 positions' logits come back
+(engine protocol: items (seq, pos, ids, rows)). `accept` then runs the request's ordinary
+per-token path on each row in turn (the sampler with its bias, penalties and constraint mask,
+stop strings, max_tokens, logprobs, streaming): the chosen token equal to the draft's next one
+means that draft token's KV is already right and the next row holds the following logits; the
+first token that differs is the request's next token, as it would have been without a draft,
+and the draft's KV after it is cut off (engine.seq_truncate).
+
+Sampling (temperature > 0) keeps its distribution: each row's token is drawn from the exact
+distribution of the sequence so far, and a draft token counts only where the draw equals it,
+which is the standard acceptance rule for a deterministic draft (accepted with probability
+p(x), else a draw from p with x left out, renormalised); the generator draws once per
+emitted token, so a seeded request gives the answer it gives with "off" on equal logits.
+
+k adapts per request: every draft token accepted raises it (to K_MAX), a rejection sets it to
+what was accepted plus one. Verifying k tokens at once is a k-token prefill, whose last bits
+can differ from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
+(docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
+its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..errors import PrefixEdgeError
+
+K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
+NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
+MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
+
+
+class Drafting:
+    """The scheduler's drafting, on its engine thread: a decoding request's draft, and the
+    verification of a forwarded one. `stats`: the scheduler's (drafted, accepted) counts."""
+
+    def __init__(self, backend, stats: dict):
+        self.backend, self.stats = backend, stats
+        self.said = False  # an engine that cannot verify drafts is said once
+
+    def draft(self, r, budget: int) -> list[int] | None:
+        """r's draft to forward after its next token (speculative="lookup"), or None: its
+        next token alone. At most `budget` tokens, and never past what max_tokens lets the
+        "off" run write (so its KV reservation holds)."""
+        if r.speculative != "lookup" or r.cancel_reason:
+            return None
+        if r.drafter is None:
+            if not self.backend.verifies:
+                self._say()
+                r.speculative = "off"
+                return None
+            first = r.parent if r.parent is not None else r  # a choice: its first one's input
+            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]))
+        limit = min(budget, r.max_tokens - r.n_samples - 1)
+        draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit) if limit > 0 else []
+        return draft or None
+
+    def _say(self) -> None:
+        if not self.said:
+            self.said = True
+            be = self.backend
+            logging.getLogger("prefix_edge").warning(
+                "speculative='lookup': the %s engine cannot verify drafts here (%s); decoding one "
+                "token per forward", be.name, "its state cannot be cut back" if not be.keeps_partial
+                else "its graph gives only the last position's logits")
+
+    def verify(self, r, rows: np.ndarray, draft: list[int], sample, finish) -> None:
+        """r forwarded its next token and `draft`: its tokens from each row in turn (the
+        ordinary per-token path, `sample`), and the rejected part of the draft's KV cut off
+        (an engine that fails to: `finish` ends r with the error)."""
+        pos = r.pos
+        n = accept(r, rows, draft, sample)
+        r.pos = pos + 1 + n
+        r.drafter.update(len(draft), n)
+        self.stats["drafted"] += len(draft)
+        self.stats["accepted"] += n
+        if not r.done and n < len(draft):
+            try:
+                self.backend.seq_truncate(r.seq, r.pos)
+            except Exception as e:
+                finish(r, "error", e if isinstance(e, PrefixEdgeError) else
+                       PrefixEdgeError(f"engine error: {type(e).__name__}: {e}"))
+
+
+class Drafter:
+    """One request's drafting state: its history (prompt, then the answer as it grows), k,
+    and what it drafted and had accepted."""
+
+    def __init__(self, source: np.ndarray):
+        source = np.asarray(source, np.int64).reshape(-1)[-MAX_HISTORY:]
+        self.hist = np.empty(max(256, 2 * source.size), np.int64)
+        self.hist[:source.size] = source
+        self.n = source.size
+        self.seen = 0       # answer tokens (Request.tokens) already in hist
+        self.k = K_START
+        self.drafted = 0
+        self.accepted = 0
+
+    def _sync(self, tokens: list[int]) -> None:
+        new = tokens[self.seen:]
+        if not new:
+            return
+        if self.n + len(new) > self.hist.size:
+            keep = self.hist[max(0, self.n - MAX_HISTORY):self.n]
+            grown = np.empty(max(2 * self.hist.size, keep.size + len(new) + 256), np.int64)
+            grown[:keep.size] = keep
+            self.hist, self.n = grown, keep.size
+        self.hist[self.n:self.n + len(new)] = new
+        self.n += len(new)
+        self.seen = len(tokens)
+
+    def propose(self, tokens: list[int], constraint, limit: int) -> list[int]:
+        """Up to min(k, limit) tokens to follow the answer `tokens` (whose last is the token
+        about to be forwarded): forced ones first, then a lookup."""
+        limit = min(self.k, limit)
+        if limit < 1:
+            return []
+        self._sync(tokens)
+        out: list[int] = constraint.forced(limit) if constraint is not None else []
+        if len(out) < limit:
+            hist = self.hist[:self.n]
+            if out:
+                hist = np.concatenate([hist, np.asarray(out, np.int64)])
+            out += lookup(hist, limit - len(out)).tolist()
+        if out and constraint is not None:
+            out = out[:constraint.valid_prefix(out)]
+        return out
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted:
+            self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+
+
+def lookup(hist: np.ndarray, k: int, ngrams: tuple[int, ...] = NGRAMS) -> np.ndarray:
+    """The up to k tokens that followed the latest earlier occurrence of hist's last n tokens
+    (n from `ngrams`, longest first); empty when none occurs."""
+    size = hist.size
+    for n in ngrams:
+        if size <= n:
+            continue
+        windows = sliding_window_view(hist[:-1], n)  # window i = hist[i:i+n], a token follows it
+        hits = np.flatnonzero((windows == hist[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return hist[start:start + k]
+    return hist[:0]
+
+
+def accept(r, rows: np.ndarray, draft: list[int], sample) -> int:
+    """Run the request's per-token path (`sample(r, logits)`) on each row of a verified draft:
+    rows[i] are the logits after the forwarded token and draft[:i]. Returns how many draft
+    tokens were accepted (their KV stays); r.next_token is then the first token that differs,
+    unless r has ended."""
+    n = 0
+    for i in range(len(rows)):
+        sample(r, rows[i])
+        if r.done or r.cancel_reason:
+            break
+        if i < len(draft) and r.next_token == draft[i]:
+            n += 1
+            continue
+        break
+    return n
