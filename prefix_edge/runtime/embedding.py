@@ -190,11 +190,7 @@ class Embedder:
         try:
             if self._runner is None:
                 self._runner = self._make_runner()
-            pooling = batch[0][0].pooling
-            if self.backend.name == "gguf":
-                vecs = self._runner.pooled([job.ids[i] for job, i in batch], pooling)
-            else:
-                vecs = [pool(self._runner.hidden(job.ids[i]), pooling) for job, i in batch]
+            vecs = self._runner.pooled([job.ids[i] for job, i in batch], batch[0][0].pooling)
         except Exception as e:  # every call in the batch gets the error
             err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(f"embedding failed: {e}")
             for job, _ in batch:
@@ -262,11 +258,6 @@ def _settle(future: Future, value=None, error: BaseException | None = None) -> N
             future.set_exception(error) if error is not None else future.set_result(value)
     except InvalidStateError:
         pass
-
-
-def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
-    """[n, d] hidden states -> [d]: their mean, or the last one ("last", "prompt")."""
-    return hidden.mean(axis=0, dtype=np.float32) if pooling == "mean" else hidden[-1].copy()
 
 
 def _kind(v) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....errors import PrefixEdgeError
+from .kv_buffer import KvBuffer, round_up
 
 HIDDEN_STATES = "hidden_states"  # export/onnx_graph.py's name (the export layer is above this one)
 
@@ -29,7 +30,8 @@ def unsupported(be) -> str | None:
 
 
 class OnnxHidden:
-    """`hidden(ids)`: the final-norm hidden states [n, hidden] of one text, from position 0."""
+    """`pooled(batch, pooling)`: one vector per text, from `hidden(ids)`, the final-norm hidden
+    states [n, hidden] of one text run alone from position 0 (as LlamaPooled's, its twin)."""
 
     def __init__(self, be):
         why = unsupported(be)
@@ -39,15 +41,13 @@ class OnnxHidden:
         self.buf = None  # the KV buffer the texts run in, grown as a longer one comes
 
     def hidden(self, ids: np.ndarray) -> np.ndarray:
-        from .engine import KvBuffer, _round
-
         be = self.be
         if be.session is None:
             raise PrefixEdgeError("the onnx backend is closed")
         ids = np.asarray(ids, np.int64).reshape(1, -1)
         n = ids.shape[1]
         if self.buf is None or self.buf.capacity < n:
-            self.buf = KvBuffer(len(be.past_names), be.n_kv_heads, be.head_dim, be.kv_dtype, _round(n))
+            self.buf = KvBuffer(len(be.past_names), be.n_kv_heads, be.head_dim, be.kv_dtype, round_up(n))
         b = be.session.io_binding()
         b.bind_output(HIDDEN_STATES, "cpu")  # first: get_outputs() is in binding order
         b.bind_cpu_input("input_ids", ids)
@@ -62,5 +62,13 @@ class OnnxHidden:
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         return np.array(b.get_outputs()[0].numpy()[0], dtype=np.float32)
 
+    def pooled(self, batch: list[np.ndarray], pooling: str) -> list[np.ndarray]:
+        return [pool(self.hidden(ids), pooling) for ids in batch]
+
     def close(self) -> None:
         self.buf = None
+
+
+def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """[n, d] hidden states -> [d]: their mean, or the last one ("last", "prompt")."""
+    return hidden.mean(axis=0, dtype=np.float32) if pooling == "mean" else hidden[-1].copy()

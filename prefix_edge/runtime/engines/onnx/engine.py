@@ -25,6 +25,7 @@ from ....errors import PrefixEdgeError
 from ....bundle import prefixfile
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from ...prefix import Prefix
+from .kv_buffer import GROW_MIN, KvBuffer, round_up
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -222,7 +223,7 @@ class OnnxBackend(OneSequence):
                 home[1].busy = True
                 return home[1], n
             homing = prefix is not None and prefix.home is None and prefix.pin
-            buf = self._buffer(min(self.n_ctx, _round(n + GROW_MIN)),
+            buf = self._buffer(min(self.n_ctx, round_up(n + GROW_MIN)),
                                most=self._home_positions(n) if homing else None)
             if prefix is not None:
                 for a, kv in zip(buf.arrays, prefix.kv):
@@ -240,7 +241,7 @@ class OnnxBackend(OneSequence):
     def _home_positions(self, n: int) -> int:
         """The largest buffer a prefix of n positions takes as its home (a bigger spare is
         left for a longer sequence: the prefix cache never pins a whole context)."""
-        return min(self.n_ctx, 2 * _round(n + GROW_MIN))
+        return min(self.n_ctx, 2 * round_up(n + GROW_MIN))
 
     def position_bytes(self) -> int:
         """Bytes of KV one position holds (every layer's key and value)."""
@@ -402,7 +403,7 @@ class OnnxBackend(OneSequence):
         n = ids.shape[1]
         if pos + n > buf.capacity:
             old = buf
-            buf = old.resized(pos, self._buffer(min(self.n_ctx, _round(max(pos + n + GROW_MIN,
+            buf = old.resized(pos, self._buffer(min(self.n_ctx, round_up(max(pos + n + GROW_MIN,
                                                                           old.capacity * 3 // 2)))))
             self._recycle(old)
         b = self.session.io_binding()
@@ -426,36 +427,7 @@ class OnnxBackend(OneSequence):
         self._homes = []
 
 
-GROW_MIN = 64  # positions a buffer has beyond its sequence when made or grown
 SPARE_BUFFERS, SPARE_BYTES = 2, 128 << 20  # freed buffers kept for reuse
-
-
-def _round(n: int, to: int = 64) -> int:
-    return -(-n // to) * to
-
-
-class KvBuffer:
-    """One sequence's KV for the fused graph: per layer key and value arrays [1, n_kv_heads,
-    capacity, head_dim] and the OrtValues over that same memory (bound as past and present).
-    np.zeros pages are mapped lazily: RSS grows with the positions written, not the capacity.
-    The layers' arrays are views of one slab: numpy asks for huge pages on a large allocation,
-    so the first write faults in 2 MB pages, not 4 KB ones (a 1k-token prefix's first restore
-    on the default model: 16 ms instead of 32-47 ms in a VM where a page fault is dear)."""
-
-    def __init__(self, n: int, n_kv: int, head_dim: int, dtype, capacity: int):
-        import onnxruntime as ort
-
-        self.capacity = capacity
-        self.busy = False  # held by a sequence
-        self.nbytes = n * n_kv * capacity * head_dim * np.dtype(dtype).itemsize
-        self.arrays = list(np.zeros((n, 1, n_kv, capacity, head_dim), dtype))
-        self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
-
-    def resized(self, pos: int, out: "KvBuffer") -> "KvBuffer":
-        """`out` (a buffer of the new capacity) holding this one's first `pos` positions."""
-        for src, dst in zip(self.arrays, out.arrays):
-            dst[:, :, :pos] = src[:, :, :pos]
-        return out
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],
