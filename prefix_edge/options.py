@@ -34,7 +34,7 @@ class OptionError(PrefixEdgeError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    kind: str  # int | float | stop | bias | schema | pattern | choice
+    kind: str  # int | float | bool | stop | bias | schema | pattern | choice
     default: Any
     lo: float | None = None
     hi: float | None = None
@@ -66,6 +66,10 @@ class Field:
                 raise OptionError(name, f"{name} must be in {self.range}{self.help and f' ({self.help})'}, "
                                         f"got {value!r}")
             return float(value) if k == "float" else value
+        if k == "bool":
+            if not isinstance(value, bool):
+                raise OptionError(name, f"{name} must be true or false, got {value!r}")
+            return value
         if k == "stop":
             value = [value] if isinstance(value, str) else value
             if not isinstance(value, (list, tuple)) or not all(isinstance(x, str) and x for x in value) \
@@ -126,6 +130,11 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("speculative", "choice", "off", choices=("off", "lookup"),
           help="lookup: draft the constraint's forced tokens and spans of the input, verified in "
                "one forward (docs/speculative.md)"),
+    Field("compose_documents", "bool", False,
+          help="the call's documents' KV computed once each and composed in any order: faster on "
+               "documents seen before, not exact (docs/context-reuse.md)"),
+    Field("compose_recompute", "int", 32, 0, 4096,
+          help="composed documents: each later document's first tokens prefilled in place"),
 )}
 DEFAULTS: dict[str, Any] = {name: f.default for name, f in FIELDS.items()}
 CONSTRAINTS = ("json_schema", "regex", "grammar")

@@ -16,7 +16,8 @@ import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.bundle import Bundle
-from prefix_edge.export.compress import choose, shift_keys
+from prefix_edge.export.compress import choose
+from prefix_edge.runtime.kv import shift_keys
 from prefix_edge.tasks.taskfile import compress_ratio as parse_ratio
 
 from .conftest import INPUTS, _export
@@ -46,15 +47,15 @@ def test_shift_keys_is_a_rotation_to_the_earlier_position():
     pos = np.arange(40, 40 + n)
     at_p = _hf_rotated(x, pos, inv_freq)
     want = _hf_rotated(x, pos - 25, inv_freq)
-    got = shift_keys(at_p, 25, inv_freq, "halves")
+    got = shift_keys(at_p, -25, inv_freq, "halves")
     assert np.abs(got - want).max() < 1e-12
     # llama.cpp's NORM layout: dims (2i, 2i+1) pair; the same rotation, the dims permuted
     from prefix_edge.export.peft import hf_keys_to_llama_cpp
 
-    got_adj = shift_keys(hf_keys_to_llama_cpp(at_p), 25, inv_freq, "adjacent")
+    got_adj = shift_keys(hf_keys_to_llama_cpp(at_p), -25, inv_freq, "adjacent")
     assert np.abs(got_adj - hf_keys_to_llama_cpp(want)).max() < 1e-12
     # partial rotary: only the leading 2 * len(inv_freq) dims turn
-    part = shift_keys(at_p, 25, inv_freq[:4], "halves")
+    part = shift_keys(at_p, -25, inv_freq[:4], "halves")
     assert np.array_equal(part[..., 8:], at_p[..., 8:])
 
 

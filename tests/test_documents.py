@@ -1,8 +1,8 @@
 """Documents given with a call (runtime/documents.py): checked (a bad one is refused naming
 `documents`), rendered as the documented fallback block, and — with compose_documents off, the
 default — prefilled or served from the exact prompt cache: a repeat of the same documents with a
-new question equals the same request with the cache off. compose_documents=true is not built
-yet and is refused in one line naming the field.
+new question equals the same request with the cache off. Composed documents
+(compose_documents=true): tests/test_composed.py.
 
 References: the fallback block is spelled out here (not built with the module's own code), and
 every cache hit is compared with `use_prompt_cache=False`.
@@ -14,7 +14,8 @@ import pytest
 
 from prefix_edge import Runtime
 from prefix_edge.options import OptionError
-from prefix_edge.runtime.documents import MAX_DOCUMENTS, check_compose, check_documents
+from prefix_edge.options import resolve
+from prefix_edge.runtime.documents import MAX_DOCUMENTS, check_documents
 from prefix_edge.serve.fields import COMPLETION_FIELDS, RESPONSE_FIELDS, check_fields
 from prefix_edge.serve.schema import ApiError
 
@@ -54,12 +55,13 @@ def test_bad_documents_are_refused_naming_the_field(bad, says):
     assert e.value.field == "documents" and says in str(e.value) and "\n" not in str(e.value)
 
 
-def test_compose_is_refused_in_one_line_until_built():
-    assert check_compose(None) is False and check_compose(False) is False
-    for v in (True, "yes"):
+def test_compose_options_are_checked_naming_the_field():
+    assert resolve({})["compose_documents"] is False and resolve({})["compose_recompute"] == 32
+    for kw in ({"compose_documents": "yes"}, {"compose_documents": 1}, {"compose_recompute": -1},
+               {"compose_recompute": True}, {"compose_recompute": 1.5}):
         with pytest.raises(OptionError) as e:
-            check_compose(v)
-        assert e.value.field == "compose_documents" and "\n" not in str(e.value)
+            resolve(kw)
+        assert e.value.field == next(iter(kw)) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("table", [COMPLETION_FIELDS, RESPONSE_FIELDS])
@@ -108,7 +110,9 @@ def test_documents_render_as_the_documented_block_and_repeat_from_the_cache(bund
 def test_a_call_refuses_bad_documents_and_compose_naming_the_field(bundle_int4):
     with Runtime.open(bundle_int4, backend="onnx") as rt:
         for kw, field in (({"documents": {"text": "x"}}, "documents"),
-                          ({"documents": DOCS, "compose_documents": True}, "compose_documents")):
+                          ({"documents": DOCS, "compose_documents": "yes"}, "compose_documents"),
+                          ({"documents": DOCS, "compose_documents": True, "compose_recompute": -2},
+                           "compose_recompute")):
             with pytest.raises(OptionError) as e:
                 rt.generate("support", QUESTIONS[0], max_tokens=2, **kw)
             assert e.value.field == field and "\n" not in str(e.value)
@@ -118,7 +122,7 @@ def test_a_call_refuses_bad_documents_and_compose_naming_the_field(bundle_int4):
 
 def test_the_server_takes_documents_as_extension_fields(client, local):
     """chat-completions and Responses bodies with `documents` answer as the library does; a bad
-    document or compose_documents=true is a 400 naming the field."""
+    document or a bad compose_recompute is a 400 naming the field."""
     import openai
 
     ask = [{"role": "user", "content": QUESTIONS[1]}]
@@ -130,7 +134,8 @@ def test_the_server_takes_documents_as_extension_fields(client, local):
                                 extra_body={"documents": DOCS})
     assert r.output_text == ref.text
     for extra, param in (({"documents": [{"title": "x"}]}, "documents"),
-                         ({"documents": [{"text": "x"}], "compose_documents": True}, "compose_documents")):
+                         ({"documents": [{"text": "x"}], "compose_documents": True, "compose_recompute": -1},
+                          "compose_recompute")):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="base", messages=ask, max_tokens=4, extra_body=extra)
         assert e.value.param == param

@@ -58,7 +58,7 @@ COMMON = {"model": "str", "stream": "bool|null", "stream_options": "obj|null", "
           "safety_identifier": "str|null", "modalities": "list|null", "reasoning_effort": "str|null",
           "verbosity": "str|null", "web_search_options": "obj|null", "prediction": "obj|null",
           "audio": "obj|null", "top_logprobs": "int|null", "bogus": "", **SAMPLING,
-          "documents": "list|null", "compose_documents": "bool|null"}  # extensions (documents.py)
+          "documents": "list|null", "compose_documents": "bool|null", "compose_recompute": "int|null"}  # extensions (documents.py)
 DOCS = {"documents": {"documents": [{"title": "t", "text": "x"}]}}
 DOC_PATHS = {("documents", 0): "obj", ("documents", 0, "title"): "str|null", ("documents", 0, "text"): "str"}
 TOOL = {"type": "function", "function": {"name": "get", "description": "look it up", "parameters": {
@@ -122,7 +122,7 @@ RESPONSES = ({"model": "support", "input": "hi", "max_output_tokens": 1},
                  "service_tier": "str|null", "prompt_cache_key": "str|null", "safety_identifier": "str|null",
                  "stream_options": "obj|null", "background": "bool|null", "seed": "int|null",
                  "max_tool_calls": "int|null", "prompt_cache_retention": "str|null", "bogus": "",
-                 "documents": "list|null", "compose_documents": "bool|null"}.items()}, **DOC_PATHS,
+                 "documents": "list|null", "compose_documents": "bool|null", "compose_recompute": "int|null"}.items()}, **DOC_PATHS,
               ("input", 0): "obj", ("input", 0, "type"): "str", ("input", 0, "role"): "str",
               ("input", 0, "content"): "str|list", ("input", 0, "content", 0): "obj",
               ("input", 0, "content", 0, "type"): "str", ("input", 0, "content", 0, "text"): "str",

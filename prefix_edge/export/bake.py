@@ -112,16 +112,15 @@ def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store:
     """Write the current sequence, reduced to `plan`'s kept tokens, as the task's prefix file."""
     from .compress import compressed_kv
 
-    kv = compressed_kv(be, plan, inv_freq, rope_on)
-    kept_ids = np.asarray(plan.source_ids, np.int64)[plan.kept]
+    prefix = compressed_kv(be, plan, inv_freq, rope_on)
     if be.name == "onnx":
         from ..runtime.engines.onnx.engine import write_prefix
 
-        write_prefix(path, kept_ids, dict(zip(be.past_names, kv)), meta, store or "f32")
+        write_prefix(path, prefix.ids, dict(zip(be.past_names, prefix.kv)), meta, store or "f32")
     else:
         from ..runtime.engines.llama.prefix_files import write_prefix
 
-        write_prefix(path, kept_ids, kv, meta, be.kv_type, be.expected_state())
+        write_prefix(path, prefix.ids, prefix.kv, meta, be.kv_type, be.expected_state())
 
 
 def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:

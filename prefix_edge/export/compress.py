@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
+from ..runtime.kv import KvLayers, shift_keys
 
 METHOD = "window-attention"
 REPEAT = "\n\nRepeat the previous context exactly.\n"
@@ -218,58 +219,13 @@ def rope_layers(cfg) -> list[bool]:
     return [bool(v) for v in flags] if flags else [True] * n
 
 
-def shift_keys(k: np.ndarray, delta: int, inv_freq: np.ndarray, layout: str) -> np.ndarray:
-    """Keys [..., head_dim] rotated at position p, re-rotated to p - delta (float64 math, the
-    input's dtype out). layout "halves": dims (i, i + r/2) pair (HF, NEOX); "adjacent": (2i, 2i+1)
-    (llama.cpp's NORM); r = 2 * len(inv_freq) leading dims rotate (partial rotary)."""
-    half = inv_freq.size
-    theta = -float(delta) * inv_freq
-    c, s = np.cos(theta), np.sin(theta)
-    x = np.asarray(k, np.float64)
-    out = x.copy()
-    if layout == "halves":
-        a, b = x[..., :half], x[..., half:2 * half]
-        out[..., :half], out[..., half:2 * half] = a * c - b * s, a * s + b * c
-    elif layout == "adjacent":
-        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = a * c - b * s, a * s + b * c
-    else:
-        raise PrefixEdgeError(f"--compress-prefix: unknown RoPE key layout {layout!r}")
-    return out.astype(k.dtype)
-
-
 # -- applying a plan to a baked sequence ----------------------------------------------------
 def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
     """The engine `be`'s current sequence (the whole prefix, prefilled) reduced to the plan's
-    kept tokens at slots 0..K-1, keys shifted back by plan.delta: ONNX, the past arrays in
-    be.past_names order; llama.cpp, a seq-state blob (bytes) in the context's cache type."""
+    kept tokens at slots 0..K-1, keys shifted back by plan.delta, as a Prefix of `be` (KV as
+    data through the engine protocol: kv_of / prefix_of)."""
     kept = np.asarray(plan.kept, np.int64)
-    if be.name == "onnx":
-        snap = be.seq_snapshot(be.single_seq, np.asarray(plan.source_ids, np.int64))
-        out = []
-        for name, a in zip(be.past_names, snap.kv):  # [1, n_kv, P, head_dim]
-            layer = int(name.split(".")[1])
-            a = np.ascontiguousarray(a[:, :, kept])
-            if name.endswith(".key") and rope_on[layer]:
-                a = shift_keys(a, plan.delta, inv_freq, "halves")
-            out.append(a)
-        return out
-    if be.name == "gguf":
-        from ..llamacpp.lib import KV_TYPES
-        from ..llamacpp.seqstate import extract_kv, parse_seq_state
-        from ..llamacpp.seqstate_write import build_seq_state
-
-        blob = be.state_blob()
-        rotation = be.kv_rotation if be.kv_type != "f16" else 0
-        ks, vs = extract_kv(blob, parse_seq_state(blob, be.state_parts), rotation)
-        nk, hd = be.n_kv_heads, be.head_dim
-        new_k, new_v = [], []
-        for layer, (k, v) in enumerate(zip(ks, vs)):
-            k = k[kept]
-            if rope_on[layer]:
-                k = shift_keys(k.reshape(len(kept), nk, hd), plan.delta, inv_freq,
-                               be.rope_layout).reshape(len(kept), -1)
-            new_k.append(np.ascontiguousarray(k, np.float16))
-            new_v.append(np.ascontiguousarray(v[kept], np.float16))
-        return build_seq_state(new_k, new_v, be.v_trans, kv_type=KV_TYPES[be.kv_type], rotation=rotation)
-    raise PrefixEdgeError(f"--compress-prefix: no route for the {be.name} backend")
+    kv = be.kv_of(be.seq_snapshot(be.single_seq, np.asarray(plan.source_ids, np.int64)))
+    ks = [shift_keys(k[kept], -plan.delta, inv_freq, be.rope_layout) if rope_on[layer] else k[kept]
+          for layer, k in enumerate(kv.k)]
+    return be.prefix_of(KvLayers(ks, [v[kept] for v in kv.v]), np.asarray(plan.source_ids, np.int64)[kept])

@@ -10,15 +10,16 @@ in front) or before the user's text (a task's text call, inside the task's input
     [1] <title>
     <text>
 
-    [2] ...
+    [2] <text of a document without a title>
 
 The rendered prompt is then an ordinary prompt: prefilled, or served from the exact prompt
 cache (cache/prompts.py) when the same documents come again — exact, a hit equals a miss.
 A model's own documents section (HF's `documents=` argument to apply_chat_template) is not
 used yet.
 
-`compose_documents=True` (each document's KV computed once and composed in any order, not
-exact: issue 34 item 3) is not built yet: it is refused in one line naming the field.
+`compose_documents=True` (opt-in, not exact; compose.py): the same block, each document's own
+text (`module`: its title line and text) tokenized on its own, its KV computed once and
+composed in any order.
 """
 
 from __future__ import annotations
@@ -70,21 +71,17 @@ def check_documents(value) -> list[dict[str, str]] | None:
     return docs or None
 
 
-def check_compose(value) -> bool:
-    """compose_documents: False (the default: the documents are prefilled, exact) or True (not
-    built yet: refused)."""
-    if value is None or value is False:
-        return False
-    if not isinstance(value, bool):
-        raise OptionError("compose_documents", f"compose_documents must be true or false, got {value!r}")
-    raise OptionError("compose_documents", "compose_documents=true (documents' KV composed in any "
-                                           "order) is not supported yet: leave it false (the "
-                                           "documents are prefilled, or served from the prompt cache)")
+def module(d: dict[str, str]) -> str:
+    """A document's own text in the block (its title line and text, without its "[i]" label):
+    what a composed request computes once and reuses (compose.py). It starts where a
+    tokenizer starts a token anyway (a space before the first word), so alone it tokenizes
+    as in the block; every label is "[i]"."""
+    return " " + (d["title"] + "\n" if d["title"] else "") + d["text"]
 
 
 def block(docs: list[dict[str, str]]) -> str:
     """The fallback documents block (the module's format)."""
-    parts = [f"[{i}] {d['title']}".rstrip() + "\n" + d["text"] for i, d in enumerate(docs, 1)]
+    parts = [f"[{i}]" + module(d) for i, d in enumerate(docs, 1)]
     return "Documents:\n\n" + "\n\n".join(parts)
 
 

@@ -20,7 +20,7 @@ from .sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
-from .documents import check_compose, check_documents, with_documents
+from .documents import check_documents, module, with_documents
 from .text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 
@@ -216,7 +216,6 @@ class Requests:
         opts = self._tool_options(task, overrides, tools)
         constrain = self._flag(overrides, "use_constraint", True)
         docs = check_documents(overrides.get("documents"))  # documents.py: rendered into the input
-        check_compose(overrides.get("compose_documents"))
         cuts: tuple[int, ...] = ()
         if messages is None and isinstance(text, (list, tuple, np.ndarray)):  # token ids, as given
             if docs:
@@ -235,8 +234,13 @@ class Requests:
             _, messages = with_documents(docs, None, messages, task is not None and
                                          (tools is None or tools.choice == "none" or not self._chat(task)))
             ids, cuts, _ = self.chat_input(task, messages, tools)
+        compose = None
+        if docs and opts["compose_documents"]:  # compose.py: opt-in, not exact
+            compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache)
+            if compose is not None:
+                compose, ids, cuts = compose[0], compose[1], ()
         P = self.manifest.tasks[task].positions(use_cache) if task is not None else 0
-        room = self.n_ctx - P - len(ids)
+        room = self.n_ctx - P - len(ids) - (compose.n_tokens if compose is not None else 0)
         if room < 1:
             what = f"with task '{task}''s prefix of {P} tokens " if task is not None else ""
             raise ContextLengthExceeded(
@@ -245,7 +249,9 @@ class Requests:
                                      if self.n_ctx < self.manifest.model.n_ctx else " (the model's context)"))
         max_tokens = room if opts["max_tokens"] is None else min(opts["max_tokens"], room)
         if opts["max_tokens"] is None and self.open_cells is not None:  # a shared cache: a slot's share
-            max_tokens = max(1, min(room, self.open_cells - len(ids)))
+            max_tokens = max(1, min(room, self.open_cells - len(ids) - (compose.n_tokens if compose else 0)))
+        if compose is not None:  # nothing composed is exact: no prompt cache either way
+            use_prompts = False
         t_load = time.perf_counter()
         root = f"task:{task}" if task is not None else "base"
         full, full_cuts, hit = ids, cuts, None
@@ -256,8 +262,9 @@ class Requests:
                 prefix, key = self.prefixes.get(task)[0], task
             else:
                 prefix, key = None, None
-                pre = self.prefixes.ids(task)
-                ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
+                if compose is None:  # (a composition's head holds them)
+                    pre = self.prefixes.ids(task)
+                    ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
         if use_prompts:
             hit = self.prompts.lookup(root, full, cuts, P)
         turn_hit, keep = 0, None
@@ -274,8 +281,79 @@ class Requests:
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
-                       turn=(root, full, full_cuts) if messages is not None else None,
-                       speculative=opts["speculative"])
+                       turn=(root, full, full_cuts) if messages is not None and compose is None else None,
+                       speculative=opts["speculative"], compose=compose)
+
+    def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool):
+        """(Composition, the tail ids) of a composed request, or None where its documents cannot
+        be told apart in the prompt (a text that spells a special token, a template that
+        changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
+        from .compose import Composition, Piece
+        from .cache.documents import document_key
+        from .kv import Rope
+
+        why = Rope.refusal(self.manifest.model)
+        if why is not None or not self.backend.keeps_partial:
+            raise OptionError("compose_documents", "compose_documents: this model's documents cannot be "
+                                                   f"composed ({why or 'its state cannot be cut back'}); "
+                                                   "leave it false")
+        mods = tuple(module(d) for d in docs)
+        info = self.manifest.tasks[task] if task is not None else None
+        if messages is not None and not (task is not None and len(messages) == 1
+                                         and messages[0].get("role") == "user"
+                                         and not (tools is not None and tools.choice != "none" and self._chat(task))):
+            room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
+            p = self.chat_renderer.prompt(task, info, check_messages(messages), room, tools, pieces=mods)
+            ids, spans = p.ids, p.spans
+        else:
+            user = text if messages is None else messages[0]["content"]
+            got = self._text_spans(info, user, mods)
+            if got is None:
+                return None
+            ids, spans = got
+        if len(spans) != len(mods) or spans[-1][1] >= len(ids):
+            return None
+        with self._prefix_lock:
+            pre = np.zeros(0, np.int64) if use_cache or task is None else self.prefixes.ids(task)
+        ids = np.concatenate([pre, ids])
+        spans = [(a + len(pre), b + len(pre)) for a, b in spans]
+        root = f"task:{task}" if task is not None else "base"
+        head = ids[:spans[0][0]]
+        pieces, at = [], spans[0][0]
+        for a, b in spans:
+            pieces.append(Piece(ids[at:a], ids[a:b], document_key(root, head, ids[a:b])))
+            at = b
+        c = Composition(head, pieces, self.documents, Rope.of(self.manifest.model), k, self.prefill_chunk)
+        return c, ids[at:]
+
+    def _text_spans(self, info, text: str, mods: tuple[str, ...]):
+        """A task's (or the base model's) input around `text` tokenized with each of `mods` (in
+        `text`, in order) on its own: (ids, spans), or None (text that spells a special token)."""
+        if any(t in text for t in self._special_texts):
+            return None
+        if info is not None:
+            head, _, tail = fill_template(info.template, "\x00").partition("\x00")
+            before, after, ids = info.input_before + head, tail + info.input_after, []
+        else:
+            before, after, ids = "", "", list(self._lead)
+        full, at, spans = before + text + after, len(before), []
+        for m in mods:
+            i = full.find(m, at)
+            if i < 0:
+                return None
+            seg = full[at if spans else 0:i]  # what comes before (the first: from the start)
+            if seg:
+                ids += self.tokenizer.encode(seg, add_special_tokens=False).ids
+            s0 = len(ids)
+            ids += self._text_tokenizer.encode(m, add_special_tokens=False).ids
+            spans.append((s0, len(ids)))
+            at = i + len(m)
+        ids += self.tokenizer.encode(full[at:], add_special_tokens=False).ids
+        return np.array(ids, np.int64), tuple(spans)
+
+    @functools.cached_property
+    def _special_texts(self) -> list[str]:
+        return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content]
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
         """The engine-thread callback that keeps a prompt's KV once it is read."""
@@ -304,7 +382,8 @@ class Requests:
         n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
         dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
         P = self.manifest.tasks[r.task].positions(r.prefix_cached) if r.task is not None else 0
-        n_input = r.turn_hit + len(r.ids) - (0 if r.prefix_cached else P)
+        c = r.compose if r.compose is not None else (r.parent.compose if r.parent is not None else None)
+        n_input = r.turn_hit + len(r.ids) + (c.n_tokens if c is not None else 0) - (0 if r.prefix_cached else P)
         stats = Stats(
             prefix_tokens=P, input_tokens=n_input,
             prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
@@ -312,7 +391,7 @@ class Requests:
             decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
             total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
             prefix_cached=r.prefix_cached, finish_reason=finish,
-            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit,
+            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit + (c.reused if c is not None else 0),
             drafted_tokens=r.drafter.drafted if r.drafter is not None else 0,
             accepted_tokens=r.drafter.accepted if r.drafter is not None else 0)
         text = "".join(r.chunks)

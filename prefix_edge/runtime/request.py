@@ -42,6 +42,7 @@ class Request:
     turn: tuple | None = None    # a conversation's (root, input ids, cuts): its turn-cache key
     speculative: str = "off"     # "lookup": drafts verified in one forward (drafting.py)
     drafter: object = None       # drafting.Drafter, made at its first decode step
+    compose: object = None       # compose.Composition: documents laid before `ids` (engine thread)
     # engine-side state
     forked: bool = False
     seq: int = -1

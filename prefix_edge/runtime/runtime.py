@@ -22,6 +22,7 @@ from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
 from .embedding import Embedder
+from .cache.documents import DEFAULT_BYTES as DOCUMENT_CACHE_BYTES, DocumentKv
 from .cache.prompts import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ class Runtime:
                  prefix_cache_size: int, slots: int = 4, queue_size: int = 64,
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
                  verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
-                 prompt_cache_disk: tuple[int, int, int] = (0, 2, 256)):
+                 prompt_cache_disk: tuple[int, int, int] = (0, 2, 256),
+                 document_cache_bytes: int = DOCUMENT_CACHE_BYTES):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
@@ -92,6 +94,8 @@ class Runtime:
                                 kv_cells=opened.kv_cells)
         self.requests = Requests(bundle, tokenizer, backend, self.n_ctx, self.prefixes, self.prompts,
                                  self._prefix_lock, lambda: self._sched.closed)
+        self.documents = DocumentKv(document_cache_bytes)  # composed documents' KV (compose.py)
+        self.requests.documents, self.requests.prefill_chunk = self.documents, prefill_chunk
         if opened.shared_kv and opened.kv_cells:  # no max_tokens: a slot's share of the one cache
             self.requests.open_cells = opened.kv_cells // slots
         self.eos = self.requests.eos
@@ -130,7 +134,8 @@ class Runtime:
              resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
              shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
-             prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256) -> "Runtime":
+             prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
+             document_cache_bytes: int = DOCUMENT_CACHE_BYTES) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -148,7 +153,9 @@ class Runtime:
         prompt_cache_disk_bytes: disk for the prompts that keep coming back (a hit at the same
         place prompt_cache_disk_hits times, over at least prompt_cache_disk_tokens input tokens),
         kept under the home directory so that a new runtime of this model starts warm
-        (prompt_files.py; 0, the default: off; `serve` keeps 2 GiB). verify: "cached"
+        (prompt_files.py; 0, the default: off; `serve` keeps 2 GiB). document_cache_bytes:
+        host memory for documents' KV kept for `compose_documents=True` (compose.py; 0: off,
+        every composed document is computed again). verify: "cached"
         reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
         "full" always hashes."""
         from tokenizers import Tokenizer
@@ -163,7 +170,8 @@ class Runtime:
                                  ("turn_cache_bytes", turn_cache_bytes, 0),
                                  ("prompt_cache_disk_bytes", prompt_cache_disk_bytes, 0),
                                  ("prompt_cache_disk_hits", prompt_cache_disk_hits, 1),
-                                 ("prompt_cache_disk_tokens", prompt_cache_disk_tokens, 1)):
+                                 ("prompt_cache_disk_tokens", prompt_cache_disk_tokens, 1),
+                                 ("document_cache_bytes", document_cache_bytes, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
@@ -194,7 +202,8 @@ class Runtime:
                    queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
                    verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
                    else turn_cache_bytes,
-                   prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens))
+                   prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens),
+                   document_cache_bytes=document_cache_bytes)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -312,7 +321,8 @@ class Runtime:
         s = self._sched
         with self._prefix_lock:
             prefixes = self.prefixes.info()
-        out = {"prompt_cache": self.prompts.info(), "task_prefixes": prefixes,
+        out = {"prompt_cache": self.prompts.info(), "document_cache": self.documents.info(),
+               "task_prefixes": prefixes,
                "resident_prefixes": {"bytes": sum(r["bytes"] for r in s.resident_info().values()),
                                      "budget_bytes": s.resident_bytes}}
         if hasattr(self.backend, "spare_info"):
@@ -328,4 +338,5 @@ class Runtime:
         return {"backend": self.backend.name, "slots": s.slots, "kv_cells": cells,
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
-                "residents": s.resident_info(), "prompt_cache": self.prompts.info(), **s.stats}
+                "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
+                "document_cache": self.documents.info(), **s.stats}

@@ -260,7 +260,7 @@ class Scheduler:
         t = time.perf_counter()
         n_prefix = (r.prefix.n_tokens if r.prefix_keep is None else r.prefix_keep) \
             if r.prefix is not None else 0
-        own = len(r.ids) + r.max_tokens
+        own = len(r.ids) + r.max_tokens + (r.compose.n_tokens if r.compose is not None else 0)
         shared = (r.prefix is not None and r.prefix_key is not None
                   and (r.prefix_key in self.residents or self._can_reside(r.prefix)))
         # a prefix already resident costs no new cells; any other is restored once
@@ -347,8 +347,11 @@ class Scheduler:
                 decode.append(((r.seq, r.pos, ids, ids.size), (r, ids.size, draft)))
                 budget -= len(draft)
         groups = [decode] if decode else []
+        for r in list(self.active):  # composed documents (compose.py): a unit each
+            if r.compose is not None and not r.compose.done and budget >= self.prefill_chunk:
+                budget -= self._compose(r)
         for r in self.active:  # then a prefill chunk for requests still reading their input
-            if r.next_token is None and r.fed < len(r.ids):
+            if r.next_token is None and r.fed < len(r.ids) and (r.compose is None or r.compose.done):
                 n = chunk_end(r.fed, len(r.ids), r.cuts, self.prefill_chunk) - r.fed
                 if n > budget:
                     break
@@ -356,6 +359,15 @@ class Scheduler:
                 budget -= n
         for group in groups:
             self._forward([it for it, _ in group], [ow for _, ow in group])
+
+    def _compose(self, r: Request) -> int:
+        """The next unit of r's composition; the tokens it forwarded."""
+        try:
+            return r.compose.advance(self.backend, r)
+        except Exception as e:
+            self._finish(r, "error", e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(
+                f"engine error while composing documents: {type(e).__name__}: {e}"))
+            return 0
 
     def _forward(self, items: list, owners: list) -> None:
         try:

@@ -271,7 +271,7 @@ COMPLETION_FIELDS = {
     "functions": S("list"), "function_call": S("str|obj"), "prompt_cache_key": STR,
     "safety_identifier": STR, "modalities": S("list", items=STR), "reasoning_effort": STR,
     "verbosity": STR, "web_search_options": OBJ, "prediction": OBJ, "audio": OBJ,
-    "documents": DOCUMENTS, "compose_documents": BOOL,  # extensions (documents.py)
+    "documents": DOCUMENTS, "compose_documents": BOOL, "compose_recompute": INT,  # extensions
     "speculative": STR}  # an extension: options.py
 
 # POST /v1/responses
@@ -291,4 +291,5 @@ RESPONSE_FIELDS = {
     "top_logprobs": INT, "service_tier": STR, "prompt_cache_key": STR, "safety_identifier": STR,
     "stream_options": S("obj", {"include_obfuscation": S("bool|null")}), "background": BOOL,
     "seed": INT, "max_tool_calls": INT, "prompt_cache_retention": STR,
-    "documents": DOCUMENTS, "compose_documents": BOOL}  # the last two: extensions (documents.py)
+    "documents": DOCUMENTS, "compose_documents": BOOL,  # extensions (documents.py)
+    "compose_recompute": INT}

@@ -148,7 +148,7 @@ class Responses:
                 history = _copy(got[1])
             messages = _messages(body, history)
             sampling = {k: body[k] for k in ("temperature", "top_p", "seed", "documents",
-                                             "compose_documents") if k in body}
+                                             "compose_documents", "compose_recompute") if k in body}
             if body.get("max_output_tokens") is not None:
                 sampling["max_tokens"] = body["max_output_tokens"]
             top = body.get("top_logprobs")

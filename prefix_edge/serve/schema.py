@@ -22,7 +22,7 @@ IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n
            "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
            "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
            "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio",
-           "documents", "compose_documents",  # the last two: the runtime checks them
+           "documents", "compose_documents", "compose_recompute",  # the runtime checks them
            "speculative"}
 
 
@@ -57,7 +57,8 @@ def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bo
     opts: dict[str, Any] = {"logprobs": logprobs, **response_format(body.get("response_format")),
                             "tools": body.get("tools"), "tool_choice": body.get("tool_choice"),
                             "documents": body.get("documents"),
-                            "compose_documents": body.get("compose_documents")}
+                            "compose_documents": body.get("compose_documents"),
+                            "compose_recompute": body.get("compose_recompute")}
     ptc = body.get("parallel_tool_calls")
     if ptc is not None and not isinstance(ptc, bool):
         raise ApiError(400, "`parallel_tool_calls` must be true or false", "parallel_tool_calls")

@@ -36,7 +36,7 @@ from ..options import CONSTRAINTS, FIELDS, OptionError, check as check_options, 
 
 # a task's defaults: the generation options (options.py), with the TOML type each is written as
 GEN_KEYS = {name: {"int": int, "float": float, "stop": list, "bias": dict, "schema": object,
-                   "pattern": str, "choice": str}[f.kind] for name, f in FIELDS.items()}
+                   "pattern": str, "choice": str, "bool": bool}[f.kind] for name, f in FIELDS.items()}
 TEXT_KEYS = {"kind", "system", "examples", "prefix", "template", "chat", "compress_prefix", *GEN_KEYS}
 ALL_KEYS = TEXT_KEYS | {"adapter"}
 KINDS = {"text", "peft"}

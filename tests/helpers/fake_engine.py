@@ -24,6 +24,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.engines.protocol import OneSequence, Opened, StateLayout, fit_prefix
+from prefix_edge.runtime.kv import KvLayers
 from prefix_edge.runtime.prefix import Prefix
 
 N_VOCAB = 64
@@ -48,6 +49,7 @@ class FakeEngine(OneSequence):
     n_layers, n_kv_heads, head_dim, kv_dtype_name = 1, 1, 1, "int64"
     single_seq = -1
     kv_cells_total = None  # no cache of cells (as ONNX)
+    rope_layout = "halves"  # the fake's "keys" are the ids: kv_of / prefix_of carry them as data
 
     @classmethod
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg) -> Opened:
@@ -114,6 +116,15 @@ class FakeEngine(OneSequence):
             else:
                 out.append(self.logits(state))
         return out
+
+    def kv_of(self, prefix: Prefix) -> KvLayers:
+        a = np.asarray(prefix.kv, np.int64).reshape(-1, 1, 1)
+        return KvLayers([a.copy()], [a.copy()])
+
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        state = [int(t) for t in kv.k[0].reshape(-1)]
+        return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
+                      checked_by=self, pin=False)
 
     def seq_truncate(self, seq: int, pos: int) -> None:
         if not self.verifies:

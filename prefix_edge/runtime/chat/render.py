@@ -120,6 +120,7 @@ class ChatPrompt:
     ids: np.ndarray          # the input after the task's prefix
     cuts: tuple[int, ...]    # ends of earlier turns' prompts and of messages, in ids
     messages: list[dict]     # the request's messages (checked)
+    spans: tuple = ()        # `pieces` asked for: (start, end) of each in ids, tokenized alone
 
 
 class ChatRenderer:
@@ -139,9 +140,11 @@ class ChatRenderer:
         return render_chat(self.template, messages, gen, self.special, tools)
 
     def prompt(self, task: str | None, info, messages: list[dict], room: int | None = None,
-               tools=None) -> ChatPrompt:
+               tools=None, pieces: tuple[str, ...] = ()) -> ChatPrompt:
         """room: the tokens the input may take; a conversation beyond it fails before its turn
-        boundaries are rendered (one render per earlier turn)."""
+        boundaries are rendered (one render per earlier turn). pieces: texts the rendered prompt
+        holds in this order (composed documents), each tokenized on its own; their token spans
+        are returned (a piece not found: no spans)."""
         if self.template is None:
             raise PrefixEdgeError("this bundle's model has no chat template: send a single user "
                                   "message to a task, or a prompt (completions)", param="messages")
@@ -186,12 +189,23 @@ class ChatRenderer:
                 raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request "
                                             "may use after the task's prefix (n_ctx)")
         char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved, whole)
-        ids, cuts, at = [], [], 0
-        for c in char_cuts + [len(text)]:
+        found, at = [], 0
+        for piece in pieces:
+            i = text.find(piece, at)
+            if i < 0 or any(a < i + len(piece) and b > i for a, b in protected):
+                found = []
+                break
+            found.append((i, i + len(piece)))
+            at = i + len(piece)
+        bounds = sorted(set(char_cuts) | {c for span in found for c in span} - {0, len(text)})
+        ids, cuts, at, where = [], [], 0, {0: 0}
+        for c in bounds + [len(text)]:
             ids += self._encode(text, at, c, protected)
             cuts.append(len(ids))
+            where[c] = len(ids)
             at = c
-        return ChatPrompt(np.array(ids, np.int64), tuple(cuts[:-1]), messages)
+        return ChatPrompt(np.array(ids, np.int64), tuple(cuts[i] for i, c in enumerate(bounds) if c in char_cuts),
+                          messages, tuple((where[a], where[b]) for a, b in found))
 
     def _cuts(self, own: list, msgs: list, offered, head: str, rendered: str, text: str,
               moved=None, whole=None) -> list[int]:

@@ -15,6 +15,9 @@ caller at run time, from its one engine thread, and makes exactly these calls:
     engine.seq_truncate(seq, pos)     drop seq's positions pos.. (a rejected draft's KV)
     engine.seq_free(seq)
 
+A composed request (compose.py) adds, between forwards: seq_snapshot, kv_of (a state as
+per-layer K/V arrays), prefix_of (the way back) and seq_restore; keys move with runtime/kv.py.
+
 Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
 Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
 seq_pos, close. Each engine builds itself from a bundle (Engine.from_bundle: its own options,
@@ -43,6 +46,7 @@ from ..prefix import Prefix
 
 if TYPE_CHECKING:
     from ...bundle import Bundle
+    from ..kv import KvLayers
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class Engine(Protocol):
     # model gives only the last position's logits (an ONNX graph without `logits_rows`):
     # `speculative="lookup"` then decodes as "off".
     verifies: bool
+    # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/kv.py shift_keys).
+    rope_layout: str
 
     @classmethod
     def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...
@@ -141,6 +147,11 @@ class Engine(Protocol):
     def seq_free(self, seq: int) -> None: ...
 
     def seq_pos(self, seq: int) -> int: ...  # seq's next position (after its last stored one)
+
+    # -- KV as data (runtime/kv.py): every layer's K and V of a state's positions ---------------
+    def kv_of(self, prefix: Prefix) -> "KvLayers": ...
+
+    def prefix_of(self, kv: "KvLayers", ids: np.ndarray, n_virtual: int = 0) -> Prefix: ...
 
     # -- prefixes in and out ----------------------------------------------------------------
     def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix: ...

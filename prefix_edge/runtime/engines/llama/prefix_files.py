@@ -22,6 +22,7 @@ import numpy as np
 from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
 from ....llamacpp.lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
+from ...kv import KvLayers
 from ...prefix import Prefix
 from ....llamacpp.seqstate import GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state, parse_seq_state
 from ....llamacpp.seqstate_write import out_of_stream, row_bytes
@@ -167,6 +168,36 @@ class PrefixFiles:
         write_prefix(path, prefix.ids, prefix.kv, {**metadata, "n_virtual": str(prefix.n_virtual)},
                      self.kv_type, self.expected_state())
 
+    # -- KV as data (runtime/kv.py) ----------------------------------------------------------
+    def kv_of(self, prefix: Prefix) -> KvLayers:
+        """A state's K and V per layer, [positions, kv_heads, head_dim], in position order
+        (float16 from an f16 cache; a q8_0 cache's values dequantized to float32). Only a
+        model whose every layer holds every position (no sliding-window or recurrent part)."""
+        from ....llamacpp.seqstate import extract_kv
+
+        if not self.keeps_partial or self.state_parts != 1:
+            raise PrefixEdgeError("this model's state is not per-position KV of every layer")
+        info = self.parse_state(prefix.kv)
+        ks, vs = extract_kv(prefix.kv, info, self.kv_rotation if self.kv_type != "f16" else 0)
+        order = np.argsort(info.positions, kind="stable")
+        if not np.array_equal(info.positions[order], np.arange(info.cell_count)):
+            raise PrefixEdgeError("a state whose cells are not positions 0..n-1")
+        nk = self.n_kv_heads
+        return KvLayers([np.ascontiguousarray(k[order]).reshape(len(order), nk, -1) for k in ks],
+                        [np.ascontiguousarray(v[order]).reshape(len(order), nk, -1) for v in vs])
+
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
+        from ....llamacpp.seqstate_write import build_seq_state
+
+        n = kv.n
+        k = [np.ascontiguousarray(a, np.float16).reshape(n, -1) for a in kv.k]
+        v = [np.ascontiguousarray(a, np.float16).reshape(n, -1) for a in kv.v]
+        blob = np.frombuffer(build_seq_state(k, v, self.v_trans, kv_type=KV_TYPES[self.kv_type],
+                                             rotation=self.kv_rotation if self.kv_type != "f16" else 0),
+                             np.uint8).copy()
+        return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual, checked_by=self)
+
 
 def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str],
                  kv_type: str = "f16", expected: dict | None = None) -> None:
@@ -185,3 +216,4 @@ def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, s
     if info.recurrent:
         meta["recurrent_layers"] = str(len(info.recurrent.layers))
     prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)
+

@@ -24,6 +24,7 @@ import numpy as np
 from ....errors import PrefixEdgeError
 from ....bundle import prefixfile
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
+from ...kv import KvLayers, hf_rope_layout
 from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
 
@@ -41,6 +42,7 @@ class OnnxBackend(OneSequence):
     name = "onnx"
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
     n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
+    rope_layout = "halves"  # how cached keys pair their rotated dims (runtime/kv.py)
     kv_cells_total = None  # no cache of cells: a sequence's buffers grow with it (kv_bytes)
 
     @classmethod
@@ -56,6 +58,7 @@ class OnnxBackend(OneSequence):
         rel = str(model.relative_to(bundle.root))
         be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=ctx,
                  verify=cfg.verify, model_sha256=model_hashes[rel])
+        be.rope_layout = hf_rope_layout(bundle.manifest.model)
         return Opened(be, ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
@@ -310,6 +313,22 @@ class OnnxBackend(OneSequence):
         else:
             kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
         return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
+                      n_virtual=n_virtual, checked_by=self, pin=False)
+
+    # -- KV as data (runtime/kv.py) ----------------------------------------------------------
+    def kv_of(self, prefix: Prefix) -> KvLayers:
+        """A state's K and V per layer, [positions, kv_heads, head_dim] (the KV dtype)."""
+        kv = prefix.kv
+        return KvLayers([np.ascontiguousarray(kv[i][0].transpose(1, 0, 2)) for i in range(0, len(kv), 2)],
+                        [np.ascontiguousarray(kv[i][0].transpose(1, 0, 2)) for i in range(1, len(kv), 2)])
+
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
+        arrays = []
+        for k, v in zip(kv.k, kv.v):
+            arrays += [np.ascontiguousarray(a.astype(self.kv_dtype, copy=False).transpose(1, 0, 2)[None])
+                       for a in (k, v)]
+        return Prefix(np.asarray(ids, np.int64), arrays, {}, sum(a.nbytes for a in arrays),
                       n_virtual=n_virtual, checked_by=self, pin=False)
 
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:

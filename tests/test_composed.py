@@ -1,0 +1,215 @@
+"""Composed documents (`compose_documents=True`, runtime/compose.py): each document's KV computed
+once after the shared context, re-rotated to where it stands, its first k tokens prefilled in
+place. Not exact by design, so what is asserted is what must hold anyway:
+
+- the rotation (runtime/kv.py) is the model's: frequencies equal transformers' for each scaling,
+  and a layer-0 key cached at one position, moved, equals the engine's own key computed at the
+  other position (both engines);
+- KV as data round-trips: an engine's state through kv_of / prefix_of restores to the same
+  logits;
+- where composing changes nothing (one document, in place; k covering every document) the
+  answer equals the prefilled request's; a hit equals a miss (a cold runtime); threads and a
+  cancelled composition change no one's answer; the cache stays within its budget;
+- the server takes the fields; bad values are one-line errors naming the field.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+from prefix_edge.bundle import Bundle
+from prefix_edge.options import OptionError
+from prefix_edge.runtime.engines import open_backend
+from prefix_edge.runtime.kv import Rope, shift_keys
+
+from .helpers.served import client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
+
+BACKENDS = ["onnx", "gguf"]
+DOCS = [
+    {"title": "Orion lamp", "text": "The Orion desk lamp ships from Porto in three days; its warranty is two years."},
+    {"title": "Vega kettle", "text": "The Vega kettle holds 1.7 litres and is sold in red, black and white."},
+    {"title": "", "text": "The Lyra chair folds flat, carries 120 kg and weighs five kilos."},
+]
+ASK = [{"role": "user", "content": "What colours is the kettle sold in?"}]
+
+
+# -- the rotation (unit) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rope_frequencies_are_transformers_own(scaling):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=50000.0, rope_scaling=scaling,
+                      max_position_embeddings=2048)
+    want, _ = ROPE_INIT_FUNCTIONS[(scaling or {}).get("rope_type", "default")](cfg, "cpu")
+    model = SimpleNamespace(model_type="llama", sliding_layers=[], head_dim=64,
+                            rope={"theta": 50000.0, "scaling": scaling})
+    got = Rope.of(model).inv_freq
+    want = want.double().numpy()  # transformers computes them in float32
+    assert got.shape == want.shape and (np.abs(got - want) / want).max() < 1e-6
+
+
+@pytest.mark.parametrize("model_type, sliding, scaling, says", [
+    ("gemma3_text", [0], None, "sliding-window"),
+    ("hunyuan_v1_dense", [], None, "not supported for 'hunyuan_v1_dense'"),
+    ("lfm2", [], None, "not supported for 'lfm2'"),
+    ("llama", [], {"rope_type": "yarn", "factor": 4.0}, "RoPE scaling 'yarn'"),
+])
+def test_models_whose_keys_cannot_move_are_named(model_type, sliding, scaling, says):
+    model = SimpleNamespace(model_type=model_type, sliding_layers=sliding, head_dim=64,
+                            rope={"theta": 1e4, "scaling": scaling})
+    assert says in Rope.refusal(model)
+    with pytest.raises(Exception) as e:
+        Rope.of(model)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def _engine(bundle, backend):
+    b = Bundle.open(bundle)
+    return open_backend(backend, b.model_file(backend), threads=1, n_ctx=256), b.manifest.model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_moved_key_is_the_engines_own_key_there(bundle_int4, backend):
+    """Layer 0's keys depend on the token and its position only: X's keys cached after A
+    (5 tokens), moved by 18, equal X's keys cached after B (23 tokens)."""
+    be, model = _engine(bundle_int4, backend)
+    rope = Rope.of(model)
+    rng = np.random.default_rng(0)
+    a, b, x = (rng.integers(10, 300, n).astype(np.int64) for n in (5, 23, 12))
+    keys = []
+    for lead in (a, b):
+        be.begin(None)
+        be.prefill(np.concatenate([lead, x]))
+        kv = be.kv_of(be.seq_snapshot(be.single_seq, np.concatenate([lead, x])))
+        keys.append(kv.k[0][len(lead):].astype(np.float64))
+    be.close()
+    moved = shift_keys(keys[0], 18, rope.inv_freq, be.rope_layout)
+    scale = np.abs(keys[1]).max()
+    tol = 1e-5 if backend == "onnx" else 2e-3  # llama.cpp's cache: float16
+    assert np.abs(moved - keys[1]).max() <= tol * scale * 10
+    assert np.abs(keys[0] - keys[1]).max() > 0.05 * scale  # unmoved, they differ
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kv_as_data_round_trips(bundle_int4, backend):
+    be, _ = _engine(bundle_int4, backend)
+    ids = np.arange(20, 60, dtype=np.int64)
+    be.begin(None)
+    be.prefill(ids)
+    want = be.step(7)
+    kv = be.kv_of(be.seq_snapshot(be.single_seq, np.concatenate([ids, [7]])))
+    assert kv.n == 41 and len(kv.k) == be.n_layers and kv.k[0].shape[1:] == (be.n_kv_heads, be.head_dim)
+    be.begin(be.prefix_of(kv.span(0, 40), ids))
+    got = be.step(7)
+    be.close()
+    assert np.array_equal(got, want)
+
+
+# -- composed requests (integration) --------------------------------------------------------
+
+def _composed(rt, docs, k=32, **kw):
+    return rt.generate(None, messages=ASK, documents=docs, max_tokens=8, compose_documents=True,
+                       compose_recompute=k, logprobs=1, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_where_composing_changes_nothing_the_answer_is_the_prefilled_one(bundle_int4, backend):
+    with Runtime.open(bundle_int4, backend=backend) as rt:
+        for docs, k in ((DOCS[:1], 0), (DOCS, 4096)):  # one document in place; every one recomputed
+            ref = rt.generate(None, messages=ASK, documents=docs, max_tokens=8, logprobs=1,
+                              use_prompt_cache=False)
+            got = _composed(rt, docs, k)
+            assert got.tokens == ref.tokens and got.stats.input_tokens == ref.stats.input_tokens
+        # a task's text: the documents before the text, inside its wrapping
+        ref = rt.generate("support", "Where does the lamp ship from?", documents=DOCS[:1], max_tokens=6,
+                          use_prompt_cache=False)
+        got = rt.generate("support", "Where does the lamp ship from?", documents=DOCS[:1], max_tokens=6,
+                          compose_documents=True)
+        assert got.tokens == ref.tokens
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hit_equals_a_miss_in_any_order(bundle_int4, backend):
+    orders = [DOCS, DOCS[::-1], [DOCS[1], DOCS[2], DOCS[0]]]
+    cold = []
+    for docs in orders:  # each order on a runtime that has seen no document
+        with Runtime.open(bundle_int4, backend=backend) as rt:
+            r = _composed(rt, docs, k=4)
+            assert r.stats.cached_tokens == 0
+            cold.append(r)
+    with Runtime.open(bundle_int4, backend=backend) as rt:
+        n_doc = [len(rt.tokenizer.encode(" " + (d["title"] + "\n" if d["title"] else "") + d["text"]).ids)
+                 for d in DOCS]
+        for _ in range(2):
+            for docs, ref in zip(orders, cold):
+                r = _composed(rt, docs, k=4)
+                assert r.tokens == ref.tokens and r.logprobs == ref.logprobs
+        assert r.stats.cached_tokens == sum(n_doc) - 4 * 2  # every document from the cache
+        info = rt.memory()["document_cache"]
+        assert 0 < info["bytes"] <= info["budget_bytes"]
+        assert rt.engine_info()["document_cache"]["entries"] == 3
+    # reordered, the answer is not the prefilled one's in general: composing is opt-in
+    assert cold[1].stats.input_tokens == cold[0].stats.input_tokens
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_threads_a_small_cache_and_a_cancelled_composition_change_no_answer(bundle_int4, backend):
+    orders = [DOCS, DOCS[::-1], [DOCS[2], DOCS[0]], [DOCS[1]]]
+    with Runtime.open(bundle_int4, backend=backend) as rt:
+        want = [_composed(rt, docs, k=4).tokens for docs in orders]
+    # a cache smaller than two documents: entries come and go, answers stay
+    with Runtime.open(bundle_int4, backend=backend, document_cache_bytes=30_000) as rt:
+        s = rt.stream(None, messages=ASK, documents=DOCS * 2, compose_documents=True, max_tokens=8)
+        s.cancel()
+        got: dict[int, list] = {}
+        errors = []
+
+        def ask(i):
+            try:
+                for _ in range(2):
+                    got.setdefault(i, []).append(_composed(rt, orders[i], k=4).tokens)
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(orders))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors
+        assert all(got[i] == [want[i], want[i]] for i in range(len(orders)))
+        info = rt.memory()["document_cache"]
+        assert info["bytes"] <= 30_000 and rt.engine_info()["document_cache"]["evictions"] > 0
+
+
+def test_bad_compose_options_are_one_line_errors_naming_the_field(bundle_int4):
+    with Runtime.open(bundle_int4, backend="onnx") as rt:
+        for kw, field in (({"compose_documents": "yes"}, "compose_documents"),
+                          ({"compose_documents": True, "compose_recompute": 5000}, "compose_recompute")):
+            with pytest.raises(OptionError) as e:
+                rt.generate(None, messages=ASK, documents=DOCS, max_tokens=2, **kw)
+            assert e.value.field == field and "\n" not in str(e.value)
+        # no documents: nothing to compose, the request is an ordinary one
+        r = rt.generate(None, messages=ASK, max_tokens=4, compose_documents=True)
+        assert r.tokens == rt.generate(None, messages=ASK, max_tokens=4).tokens
+
+
+def test_the_server_composes_as_the_library_does(client, local):
+    ref = local.generate(None, messages=ASK, documents=DOCS, max_tokens=8, compose_documents=True)
+    for _ in range(2):
+        r = client.chat.completions.create(model="base", messages=ASK, max_tokens=8, extra_body={
+            "documents": DOCS, "compose_documents": True})
+        assert r.choices[0].message.content == ref.text
+    assert r.usage.prompt_tokens_details.cached_tokens > 0  # the second: the documents' KV reused
+    r = client.responses.create(model="base", input=ASK[0]["content"], max_output_tokens=8,
+                                extra_body={"documents": DOCS, "compose_documents": True})
+    assert r.output_text == ref.text
