@@ -1,6 +1,7 @@
 """Context that repeats: three documents (~2.5k tokens) in the system message, then a question,
 five requests (first; the same documents with a new question, twice; the documents reordered;
-one document swapped), through prefix-edge's prompt cache (on and off, both engines) and plain
+one document swapped), through prefix-edge's prompt cache (on and off, both engines), its
+composed documents (`documents=`, compose_documents=True: each document's KV once) and plain
 llama-cpp-python (`Llama.create_chat_completion`, its own longest-common-prefix reuse) on the
 same GGUF file, in one run. Time to first token of each request (max_tokens=1).
 
@@ -42,32 +43,44 @@ def document(i: int, sentences: int = 52) -> str:
     return " ".join(lines)
 
 
-def workload() -> list[tuple[str, list[dict]]]:
-    d = [document(i) for i in range(4)]
+SYSTEM = "Answer from these documents."
 
-    def msgs(docs: list[str], q: str) -> list[dict]:
-        return [{"role": "system", "content": "Answer from these documents.\n\n" + "\n\n".join(docs)},
-                {"role": "user", "content": q}]
-    return [("first", msgs(d[:3], "What is the warranty of the Orion desk lamp?")),
-            ("same documents, new question", msgs(d[:3], "How heavy is the Lyra chair?")),
-            ("same documents, another question", msgs(d[:3], "What colour is the Vega kettle?")),
-            ("reordered", msgs([d[2], d[0], d[1]], "What is the price of the Vega kettle?")),
-            ("one swapped", msgs([d[0], d[1], d[3]], "How loud is the Atlas backpack?"))]
+
+def requests() -> list[tuple[str, list[str], str]]:
+    """(name, documents, question) of each request, in order."""
+    d = [document(i) for i in range(4)]
+    return [("first", d[:3], "What is the warranty of the Orion desk lamp?"),
+            ("same documents, new question", d[:3], "How heavy is the Lyra chair?"),
+            ("same documents, another question", d[:3], "What colour is the Vega kettle?"),
+            ("reordered", [d[2], d[0], d[1]], "What is the price of the Vega kettle?"),
+            ("one swapped", [d[0], d[1], d[3]], "How loud is the Atlas backpack?")]
+
+
+def workload() -> list[tuple[str, list[dict]]]:
+    """The requests as messages: the documents joined into the system message."""
+    return [(name, [{"role": "system", "content": SYSTEM + "\n\n" + "\n\n".join(docs)},
+                    {"role": "user", "content": q}]) for name, docs, q in requests()]
 
 
 WARM = [{"role": "user", "content": "Hello there, how are you today?"}]
 
 
-def run_prefix_edge(bundle: str, backend: str, threads: int, cache: bool) -> list[dict]:
+def run_prefix_edge(bundle: str, backend: str, threads: int, mode: str) -> list[dict]:
+    """mode: "on" / "off" (the prompt cache; documents joined into the system message) or
+    "composed" (the documents given as `documents=`, compose_documents=True, prompt cache off)."""
     from prefix_edge import Runtime
 
     out = []
     with Runtime.open(bundle, backend=backend, threads=threads, slots=1,
-                      prompt_cache_bytes=(512 << 20) if cache else 0) as rt:
+                      prompt_cache_bytes=(512 << 20) if mode == "on" else 0) as rt:
         rt.generate(None, messages=WARM, max_tokens=1)
         rt.prompts.clear()
-        for name, m in workload():
-            r = rt.generate(None, messages=m, max_tokens=1)
+        for (name, m), (_, docs, q) in zip(workload(), requests()):
+            if mode == "composed":
+                r = rt.generate(None, messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                                documents=[{"text": d} for d in docs], compose_documents=True, max_tokens=1)
+            else:
+                r = rt.generate(None, messages=m, max_tokens=1)
             out.append({"request": name, "ttft_ms": r.stats.ttft_ms, "prompt_tokens": r.stats.input_tokens,
                         "cached_tokens": r.stats.cached_tokens, "first_token": r.tokens[:1]})
     return out
@@ -106,7 +119,7 @@ def main() -> None:
         if kind == "llama":
             res = run_llama_cpp(rest[0], int(rest[1]))
         else:
-            res = run_prefix_edge(rest[0], rest[1], int(rest[2]), rest[3] == "on")
+            res = run_prefix_edge(rest[0], rest[1], int(rest[2]), rest[3])
         print(json.dumps(res))
         return
     from prefix_edge.bundle import Bundle
@@ -119,6 +132,8 @@ def main() -> None:
         for cache in ("on", "off"):
             runs[f"prefix-edge {backend}, prompt cache {cache}"] = child(["pe", str(bundle.root), backend,
                                                                          str(a.threads), cache])
+        runs[f"prefix-edge {backend}, composed documents"] = child(["pe", str(bundle.root), backend,
+                                                                    str(a.threads), "composed"])
     runs["llama-cpp-python (its prefix reuse)"] = child(["llama", gguf, str(a.threads)])
     names = [n for n, _ in workload()]
     report = {"date": time.strftime("%Y-%m-%d"), "threads": a.threads, "machine": platform.processor() or
@@ -135,6 +150,12 @@ def main() -> None:
             report.setdefault("ratios", {})[key] = {"same_documents_vs_llama_cpp": round(ratio, 3),
                                                    "same_documents_vs_first": round(speedup, 1)}
             print(f"{key}: same documents {ratio:.2f}x llama-cpp-python's reuse, {speedup:.0f}x faster than the first")
+    for backend in ("gguf", "onnx"):  # composed vs that engine's prefill, documents seen before
+        rows, base = runs[f"prefix-edge {backend}, composed documents"], runs[f"prefix-edge {backend}, prompt cache off"]
+        moved = {n: round(rows[names.index(n)]["ttft_ms"] / base[names.index(n)]["ttft_ms"], 3)
+                 for n in ("reordered", "one swapped")}
+        report.setdefault("composed_vs_prefill", {})[backend] = moved
+        print(f"{backend} composed / prefill: " + ", ".join(f"{n} {v:.2f}x" for n, v in moved.items()))
     Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
 
 

@@ -114,6 +114,28 @@ def test_kv_as_data_round_trips(bundle_int4, backend):
     assert np.array_equal(got, want)
 
 
+def test_the_document_cache_is_bounded_and_drops_composed_states_first():
+    from prefix_edge.runtime.cache.documents import DocumentKv
+    from prefix_edge.runtime.compose import Composed
+    from prefix_edge.runtime.kv import KvLayers
+
+    def doc(n):
+        return KvLayers([np.zeros((n, 1, 4), np.float32)], [np.zeros((n, 1, 4), np.float32)])  # 32n bytes
+
+    state = Composed(SimpleNamespace(nbytes=320), 10)
+    cache = DocumentKv(1000)
+    cache.put("a", doc(10))
+    cache.put("s", state)
+    cache.put("b", doc(10))
+    assert cache.info()["bytes"] == 960 and cache.get("a") is not None
+    cache.put("c", doc(5))  # 160 more: the state goes, though "b" and "c" are newer than "a"
+    assert cache.get("s") is None and cache.get("a") is not None and cache.get("b") is not None
+    cache.put("d", doc(10))  # then the least recently used document
+    assert cache.get("c") is None and cache.info()["bytes"] <= 1000
+    cache.put("huge", doc(100))  # over the whole budget: not kept, nothing evicted for it
+    assert cache.get("huge") is None and cache.info()["documents"] == 3
+
+
 # -- composed requests (integration) --------------------------------------------------------
 
 def _composed(rt, docs, k=32, **kw):
@@ -149,14 +171,19 @@ def test_a_hit_equals_a_miss_in_any_order(bundle_int4, backend):
     with Runtime.open(bundle_int4, backend=backend) as rt:
         n_doc = [len(rt.tokenizer.encode(" " + (d["title"] + "\n" if d["title"] else "") + d["text"]).ids)
                  for d in DOCS]
-        for _ in range(2):
+        for again in range(2):  # then each order again: its whole composed state from the cache
             for docs, ref in zip(orders, cold):
                 r = _composed(rt, docs, k=4)
                 assert r.tokens == ref.tokens and r.logprobs == ref.logprobs
-        assert r.stats.cached_tokens == sum(n_doc) - 4 * 2  # every document from the cache
+            if again:
+                assert r.stats.cached_tokens == r.stats.input_tokens - len(rt.tokenizer.encode(
+                    "<|im_end|>\n<|im_start|>user\n" + ASK[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n").ids)
+            else:
+                assert r.stats.cached_tokens == sum(n_doc) - 4 * 2  # every document from the cache
         info = rt.memory()["document_cache"]
         assert 0 < info["bytes"] <= info["budget_bytes"]
-        assert rt.engine_info()["document_cache"]["entries"] == 3
+        assert rt.engine_info()["document_cache"]["documents"] == 3
+        assert rt.engine_info()["document_cache"]["composed_states"] == 3
     # reordered, the answer is not the prefilled one's in general: composing is opt-in
     assert cold[1].stats.input_tokens == cold[0].stats.input_tokens
 
@@ -203,7 +230,7 @@ def test_bad_compose_options_are_one_line_errors_naming_the_field(bundle_int4):
         assert r.tokens == rt.generate(None, messages=ASK, max_tokens=4).tokens
 
 
-def test_the_server_composes_as_the_library_does(client, local):
+def test_the_server_composes_as_the_library_does(client, local, server):
     ref = local.generate(None, messages=ASK, documents=DOCS, max_tokens=8, compose_documents=True)
     for _ in range(2):
         r = client.chat.completions.create(model="base", messages=ASK, max_tokens=8, extra_body={
@@ -213,3 +240,9 @@ def test_the_server_composes_as_the_library_does(client, local):
     r = client.responses.create(model="base", input=ASK[0]["content"], max_output_tokens=8,
                                 extra_body={"documents": DOCS, "compose_documents": True})
     assert r.output_text == ref.text
+    import httpx
+
+    metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(server + "/metrics").text.splitlines()
+                   if ln.startswith("prefix_edge_document_cache_"))
+    assert float(metrics["prefix_edge_document_cache_hits_total"]) >= 2
+    assert 0 < float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_document_cache_budget_bytes"])

@@ -92,13 +92,13 @@ def _part(k: list[np.ndarray], v: list[np.ndarray], first: int, p: int, v_trans:
             parts += [struct.pack("<iQ", GGML_TYPE_Q8_0, rows.shape[1]), rows.tobytes()]
         return b"".join(parts)
     for a in k:
-        parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2").tobytes()]
+        parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2", copy=False).tobytes()]
     for a in v:
         if v_trans:
             parts += [struct.pack("<iII", GGML_TYPE_F16, 2, a.shape[1]),
-                      np.ascontiguousarray(a.T).astype("<f2").tobytes()]
+                      np.ascontiguousarray(a.T).astype("<f2", copy=False).tobytes()]
         else:
-            parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2").tobytes()]
+            parts += [struct.pack("<iQ", GGML_TYPE_F16, a.shape[1] * 2), a.astype("<f2", copy=False).tobytes()]
     return b"".join(parts)
 
 

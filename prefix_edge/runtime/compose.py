@@ -17,7 +17,10 @@ engine thread, after the scheduler has restored the request's root (a task's pre
    where it was computed and is spliced as it is, so one document composes exactly;
 4. the scheduler prefills the tail as any input and decodes.
 
-Nothing composed enters the exact prompt cache. Driven one unit at a time (a forward of at most
+After the first token the request's state is kept (`Composed`, in the same cache, keyed by
+everything the composed part is a function of): the same documents in the same order again
+restore it instead of composing (a hit equals a miss: the same KV, the tail prefilled in the same
+chunks). Nothing composed enters the exact prompt cache. Driven one unit at a time (a forward of at most
 a prefill chunk, or a splice) so other requests keep decoding between units.
 """
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache.documents import DocumentKv
+from .cache.documents import DocumentKv, document_key
 from .kv import KvLayers, Rope
 
 DEFAULT_RECOMPUTE = 32  # k: each later document's first tokens prefilled in place
@@ -40,11 +43,33 @@ class Piece:
     key: str           # its document-cache key
 
 
+@dataclass
+class Composed:
+    """A composed request's whole state once read (its sequence's snapshot, taken after its
+    first token, as the prompt cache takes one) and where its composed part ends: the same
+    documents in the same order again restore its first `n` positions instead of composing."""
+
+    prefix: object  # the engine's Prefix
+    n: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.prefix.nbytes
+
+
+def composition_key(root: str, head: np.ndarray, docs: list[Piece], k: int) -> str:
+    """What a composed part is a function of: the root, the head, each label and document, k."""
+    return document_key(f"composed:{k}:{root}", head,
+                        np.concatenate([np.concatenate([d.label, [-1], d.ids, [-2]]) for d in docs]))
+
+
 class Composition:
     def __init__(self, head: np.ndarray, docs: list[Piece], cache: DocumentKv, rope: Rope, k: int,
-                 chunk: int):
+                 chunk: int, key: str):
         self.head, self.docs, self.cache, self.rope = head, docs, cache, rope
-        self.k, self.chunk = int(k), int(chunk)
+        self.k, self.chunk, self.key = int(k), int(chunk), key
+        self.end = -1      # the position after the composed part, once composed
+        self.restored = False  # the whole composed part came from the cache (a Composed)
         self.computed = 0  # documents prefilled on their own for this request (cache misses)
         self.reused = 0    # tokens spliced in from the document cache (not prefilled here)
         self.done = False
@@ -73,28 +98,39 @@ class Composition:
             r.pos += len(part)
             yield len(part)
 
-    def _state(self, be, r):
-        return be.seq_snapshot(r.seq, np.zeros(r.pos, np.int64))
+    def keep(self, be, r) -> None:
+        """After r's first token (its whole input read, nothing decoded yet): its state kept for
+        the same composition again (engine thread; the scheduler's snapshot hook)."""
+        if not self.restored and self.end > 0:
+            self.cache.put(self.key, Composed(be.seq_snapshot(r.seq, np.zeros(r.pos, np.int64)), self.end))
 
     def _steps(self, be, r):
+        room = r.pos + self.n_tokens + len(r.ids) + 64
+        got = self.cache.get(self.key)
+        if isinstance(got, Composed):  # the same documents in the same order: as composed before
+            self.reused = got.n - r.pos
+            r.pos = self.end = be.seq_restore(r.seq, got.prefix, got.n)
+            self.restored = True
+            be.seq_reserve(r.seq, room)
+            return
+        be.seq_reserve(r.seq, room)
         yield from self._prefill(be, r, self.head)
         at = r.pos  # where every document is computed on its own
-        head = self._state(be, r)
         kvs: list[KvLayers] = []
         hits: list[bool] = []
         for d in self.docs:
             kv = self.cache.get(d.key)
             hits.append(kv is not None)
             if kv is None:
-                be.seq_restore(r.seq, head)
+                be.seq_truncate(r.seq, at)
                 r.pos = at
                 yield from self._prefill(be, r, d.ids)
-                kv = be.kv_of(self._state(be, r)).span(at)
+                kv = be.kv_of(be.seq_snapshot(r.seq, np.zeros(r.pos, np.int64))).span(at)
                 self.cache.put(d.key, kv)
                 self.computed += 1
             kvs.append(kv)
             yield 0
-        be.seq_restore(r.seq, head)
+        be.seq_truncate(r.seq, at)
         r.pos = at
         for i, (d, kv) in enumerate(zip(self.docs, kvs)):
             yield from self._prefill(be, r, d.label)
@@ -102,8 +138,6 @@ class Composition:
             self.reused += (len(d.ids) - j) if hits[i] else 0
             yield from self._prefill(be, r, d.ids[:j])
             if j < len(d.ids):
-                whole = be.kv_of(self._state(be, r)).then(kv.span(j).shifted(r.pos - (at + j), self.rope,
-                                                                             be.rope_layout))
-                be.seq_restore(r.seq, be.prefix_of(whole, np.zeros(whole.n, np.int64)))
-                r.pos = whole.n
+                r.pos = be.seq_extend(r.seq, kv.span(j, copy=False).shifted(r.pos - (at + j), self.rope, be.rope_layout))
             yield 0
+        self.end = r.pos

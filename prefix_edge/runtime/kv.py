@@ -54,8 +54,11 @@ class KvLayers:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
-    def span(self, start: int, end: int | None = None) -> "KvLayers":
-        """Positions start..end-1 (copies: nothing keeps a larger array alive)."""
+    def span(self, start: int, end: int | None = None, copy: bool = True) -> "KvLayers":
+        """Positions start..end-1 (copies, so that nothing keeps a larger array alive; views
+        with copy=False)."""
+        if not copy:
+            return KvLayers([a[start:end] for a in self.k], [a[start:end] for a in self.v])
         return KvLayers([a[start:end].copy() for a in self.k], [a[start:end].copy() for a in self.v])
 
     def then(self, other: "KvLayers") -> "KvLayers":
@@ -69,7 +72,8 @@ class KvLayers:
         """The same positions moved by delta (keys re-rotated; values as they are)."""
         if delta == 0:
             return self
-        return KvLayers([shift_keys(a, delta, rope.inv_freq, layout) for a in self.k], list(self.v))
+        return KvLayers([shift_keys(a, delta, rope.inv_freq, layout, exact=False) for a in self.k],
+                        list(self.v))
 
 
 @dataclass(frozen=True)
@@ -123,14 +127,18 @@ def _llama3(inv: np.ndarray, s: dict) -> np.ndarray:
     return np.where(between, mid, out)
 
 
-def shift_keys(k: np.ndarray, delta: int, inv_freq: np.ndarray, layout: str) -> np.ndarray:
-    """Keys [..., head_dim] rotated at position p, re-rotated to p + delta (float64 math, the
-    input's dtype out). layout "halves": dims (i, i + r/2) pair (HF, NEOX); "adjacent": (2i, 2i+1)
-    (llama.cpp's NORM); r = 2 * len(inv_freq) leading dims rotate (partial rotary)."""
+def shift_keys(k: np.ndarray, delta: int, inv_freq: np.ndarray, layout: str,
+               exact: bool = True) -> np.ndarray:
+    """Keys [..., head_dim] rotated at position p, re-rotated to p + delta (the angles in
+    float64; the products in float64, or float32 with exact=False: a float32 or float16 cache
+    loses nothing it holds), the input's dtype out. layout "halves": dims (i, i + r/2) pair (HF,
+    NEOX); "adjacent": (2i, 2i+1) (llama.cpp's NORM); r = 2 * len(inv_freq) leading dims rotate
+    (partial rotary)."""
     half = inv_freq.size
+    work = np.float64 if exact else np.float32
     theta = float(delta) * inv_freq
-    c, s = np.cos(theta), np.sin(theta)
-    x = np.asarray(k, np.float64)
+    c, s = np.cos(theta).astype(work), np.sin(theta).astype(work)
+    x = np.asarray(k, work)
     out = x.copy()
     if layout == "halves":
         a, b = x[..., :half], x[..., half:2 * half]

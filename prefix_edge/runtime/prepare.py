@@ -272,7 +272,7 @@ class Requests:
             prefix, key, turn_hit, keep = hit.prefix, None, hit.n, hit.keep
             ids, cuts = ids[turn_hit:], tuple(c - turn_hit for c in cuts if c > turn_hit)
         load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
-        snapshot = None
+        snapshot = compose.keep if compose is not None else None  # its composed state, after its first token
         if use_prompts and self.prompts.wants(len(full), messages is not None) \
                 and self.prompts.get(root, full, full_cuts) is None:  # this very prompt is kept already
             snapshot = self._keeper(root, full, full_cuts,
@@ -288,7 +288,7 @@ class Requests:
         """(Composition, the tail ids) of a composed request, or None where its documents cannot
         be told apart in the prompt (a text that spells a special token, a template that
         changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
-        from .compose import Composition, Piece
+        from .compose import Composition, Piece, composition_key
         from .cache.documents import document_key
         from .kv import Rope
 
@@ -323,7 +323,8 @@ class Requests:
         for a, b in spans:
             pieces.append(Piece(ids[at:a], ids[a:b], document_key(root, head, ids[a:b])))
             at = b
-        c = Composition(head, pieces, self.documents, Rope.of(self.manifest.model), k, self.prefill_chunk)
+        c = Composition(head, pieces, self.documents, Rope.of(self.manifest.model), k, self.prefill_chunk,
+                        composition_key(root, head, pieces, k))
         return c, ids[at:]
 
     def _text_spans(self, info, text: str, mods: tuple[str, ...]):

@@ -81,6 +81,12 @@ class Metrics:
                 f"prefix_edge_prompt_cache_bytes {prompts.get('bytes', 0)}",
                 "# TYPE prefix_edge_prompt_cache_budget_bytes gauge",
                 f"prefix_edge_prompt_cache_budget_bytes {prompts.get('budget_bytes', 0)}"]
+        docs = engine.get("document_cache") or {}
+        for name, kind, key in (("hits_total", "counter", "hits"), ("misses_total", "counter", "misses"),
+                                ("evictions_total", "counter", "evictions"), ("bytes", "gauge", "bytes"),
+                                ("budget_bytes", "gauge", "budget_bytes")):
+            out += [f"# TYPE prefix_edge_document_cache_{name} {kind}",
+                    f"prefix_edge_document_cache_{name} {docs.get(key, 0)}"]
         if "disk_files" in prompts:  # the persistent tier (serve --prompt-cache-disk)
             for name, kind, key in (("files", "gauge", "disk_files"), ("bytes", "gauge", "disk_bytes"),
                                     ("budget_bytes", "gauge", "disk_budget_bytes"),

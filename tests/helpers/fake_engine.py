@@ -121,6 +121,13 @@ class FakeEngine(OneSequence):
         a = np.asarray(prefix.kv, np.int64).reshape(-1, 1, 1)
         return KvLayers([a.copy()], [a.copy()])
 
+    def seq_reserve(self, seq: int, positions: int) -> None:
+        pass
+
+    def seq_extend(self, seq: int, kv: KvLayers) -> int:
+        self.seqs.setdefault(seq, []).extend(int(t) for t in kv.k[0].reshape(-1))
+        return len(self.seqs[seq])
+
     def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         state = [int(t) for t in kv.k[0].reshape(-1)]
         return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,

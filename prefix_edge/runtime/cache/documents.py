@@ -7,7 +7,11 @@ hash of the root, that context's ids and the document's ids: the same document u
 system prompt is another entry. A request that holds an entry keeps it alive while it runs
 (evicting drops only the cache's reference), so nothing is evicted under a request in flight.
 
-Byte-budgeted (DEFAULT_BYTES; `document_cache_bytes`, 0: off), least recently used out first,
+Beside them, composed requests' whole states (compose.py `Composed`: the same documents in the
+same order again restore one instead of composing), under the same budget.
+
+Byte-budgeted (DEFAULT_BYTES; `document_cache_bytes`, 0: off), composed states out before
+documents, least recently used first,
 counted in `info()` (and `/metrics` through the runtime's stats).
 """
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from ..kv import KvLayers
 
-DEFAULT_BYTES = 256 << 20
+DEFAULT_BYTES = 512 << 20  # as the prompt cache's (cache/prompts.py)
 
 
 def document_key(root: str, context: np.ndarray, doc: np.ndarray) -> str:
@@ -42,7 +46,7 @@ class DocumentKv:
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
 
-    def get(self, key: str) -> KvLayers | None:
+    def get(self, key: str):
         with self._lock:
             kv = self._entries.get(key)
             if kv is None:
@@ -52,7 +56,7 @@ class DocumentKv:
             self.hits += 1
             return kv
 
-    def put(self, key: str, kv: KvLayers) -> None:
+    def put(self, key: str, kv) -> None:  # KvLayers, or compose.Composed (anything with nbytes)
         size = kv.nbytes
         if size > self.budget:
             return
@@ -61,8 +65,11 @@ class DocumentKv:
             if old is not None:
                 self.bytes -= old.nbytes
             while self._entries and self.bytes + size > self.budget:
-                _, gone = self._entries.popitem(last=False)
-                self.bytes -= gone.nbytes
+                # composed states go first (least recently used of them): a document's KV serves
+                # every order it comes in, a state only its own
+                victim = next((k for k, v in self._entries.items() if not isinstance(v, KvLayers)),
+                              next(iter(self._entries)))
+                self.bytes -= self._entries.pop(victim).nbytes
                 self.evictions += 1
             self._entries[key] = kv
             self.bytes += size
@@ -74,5 +81,7 @@ class DocumentKv:
 
     def info(self) -> dict:
         with self._lock:
-            return {"entries": len(self._entries), "bytes": self.bytes, "budget_bytes": self.budget,
+            docs = sum(isinstance(v, KvLayers) for v in self._entries.values())
+            return {"entries": len(self._entries), "documents": docs, "composed_states": len(self._entries) - docs,
+                    "bytes": self.bytes, "budget_bytes": self.budget,
                     "hits": self.hits, "misses": self.misses, "evictions": self.evictions}

@@ -15,8 +15,9 @@ caller at run time, from its one engine thread, and makes exactly these calls:
     engine.seq_truncate(seq, pos)     drop seq's positions pos.. (a rejected draft's KV)
     engine.seq_free(seq)
 
-A composed request (compose.py) adds, between forwards: seq_snapshot, kv_of (a state as
-per-layer K/V arrays), prefix_of (the way back) and seq_restore; keys move with runtime/kv.py.
+A composed request (compose.py) adds, between forwards: kv_of (a state as per-layer K/V
+arrays, runtime/kv.py), seq_extend (positions' K/V appended to a sequence as data),
+seq_reserve (room for the positions it will hold) and seq_truncate; keys move with runtime/kv.py. prefix_of is kv_of's way back.
 
 Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
 Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
@@ -152,6 +153,10 @@ class Engine(Protocol):
     def kv_of(self, prefix: Prefix) -> "KvLayers": ...
 
     def prefix_of(self, kv: "KvLayers", ids: np.ndarray, n_virtual: int = 0) -> Prefix: ...
+
+    def seq_extend(self, seq: int, kv: "KvLayers") -> int: ...  # append positions' KV as data
+
+    def seq_reserve(self, seq: int, positions: int) -> None: ...  # room for that many, now
 
     # -- prefixes in and out ----------------------------------------------------------------
     def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix: ...

@@ -179,12 +179,27 @@ class PrefixFiles:
             raise PrefixEdgeError("this model's state is not per-position KV of every layer")
         info = self.parse_state(prefix.kv)
         ks, vs = extract_kv(prefix.kv, info, self.kv_rotation if self.kv_type != "f16" else 0)
-        order = np.argsort(info.positions, kind="stable")
-        if not np.array_equal(info.positions[order], np.arange(info.cell_count)):
+        n, nk = info.cell_count, self.n_kv_heads
+        order = None if np.array_equal(info.positions, np.arange(n)) else np.argsort(info.positions, kind="stable")
+        if order is not None and not np.array_equal(info.positions[order], np.arange(n)):
             raise PrefixEdgeError("a state whose cells are not positions 0..n-1")
-        nk = self.n_kv_heads
-        return KvLayers([np.ascontiguousarray(k[order]).reshape(len(order), nk, -1) for k in ks],
-                        [np.ascontiguousarray(v[order]).reshape(len(order), nk, -1) for v in vs])
+        pick = (lambda a: a) if order is None else (lambda a: a[order])  # in order: views of the blob
+        return KvLayers([pick(k).reshape(n, nk, -1) for k in ks], [pick(v).reshape(n, nk, -1) for v in vs])
+
+    def seq_reserve(self, seq: int, positions: int) -> None:
+        """Room for `positions` in every stream now (llama_context.py grow), not at a decode."""
+        from .context import grow
+
+        grow(self, positions)
+
+    def seq_extend(self, seq: int, kv: KvLayers) -> int:
+        """Append `kv`'s positions to sequence `seq` (keys already rotated for where they land);
+        its next position. llama.cpp sets a sequence's state whole: the state is read out,
+        extended and written back."""
+        n = self.seq_pos(seq)
+        have = self.kv_of(self.seq_snapshot(seq, np.zeros(n, np.int64))) if n else None
+        whole = kv if have is None else have.then(kv)
+        return self.seq_restore(seq, self.prefix_of(whole, np.zeros(whole.n, np.int64)))
 
     def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
@@ -195,7 +210,7 @@ class PrefixFiles:
         v = [np.ascontiguousarray(a, np.float16).reshape(n, -1) for a in kv.v]
         blob = np.frombuffer(build_seq_state(k, v, self.v_trans, kv_type=KV_TYPES[self.kv_type],
                                              rotation=self.kv_rotation if self.kv_type != "f16" else 0),
-                             np.uint8).copy()
+                             np.uint8)  # read-only: llama.cpp only reads it
         return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual, checked_by=self)
 
 
