@@ -18,6 +18,8 @@ from prefix_edge.runtime.drafting import Drafter, lookup
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.scheduling import outcome, request, scheduler
 
+from .helpers.served import client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
+
 
 
 
@@ -216,3 +218,34 @@ def test_lookup_equals_off_on_the_engines(bundle_fp32, backend):
         assert s.wait().stats.finish_reason in ("cancelled", "length")
         assert rt.generate(None, REPEATS[0], max_tokens=32, speculative="lookup").tokens == refs[REPEATS[0]]
         assert rt.backend.verifies and accepted > 0  # both engines verify drafts of this model
+
+
+def test_the_server_takes_speculative_and_reports_predicted_tokens(client, local):
+    """chat-completions and Responses take the `speculative` extension; the answer is the
+    library's, and a drafted request's usage carries OpenAI's predicted-output counts."""
+    import openai
+
+    ask = [{"role": "user", "content": REPEATS[1]}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": SCHEMA}}
+    ref = local.generate(None, messages=ask, max_tokens=48, speculative="lookup", json_schema=SCHEMA)
+    assert ref.stats.drafted_tokens > 0  # the schema's forced keys at least
+    r = client.chat.completions.create(model="base", messages=ask, max_tokens=48, response_format=fmt,
+                                       extra_body={"speculative": "lookup"})
+    assert r.choices[0].message.content == ref.text
+    d = r.usage.completion_tokens_details
+    assert (d.accepted_prediction_tokens, d.rejected_prediction_tokens) == \
+        (ref.stats.accepted_tokens, ref.stats.drafted_tokens - ref.stats.accepted_tokens)
+    off = client.chat.completions.create(model="base", messages=ask, max_tokens=48, response_format=fmt)
+    assert off.choices[0].message.content == local.generate(None, messages=ask, max_tokens=48,
+                                                            json_schema=SCHEMA).text
+    assert off.usage.completion_tokens_details is None
+    resp = client.responses.create(model="base", input=REPEATS[1], max_output_tokens=48,
+                                   text={"format": {"type": "json_schema", "name": "order", "schema": SCHEMA}},
+                                   extra_body={"speculative": "lookup"})
+    assert resp.output_text == ref.text
+    for call in (lambda: client.responses.create(model="base", input="hi", extra_body={"speculative": "fast"}),
+                 lambda: client.chat.completions.create(model="base", messages=ask,
+                                                        extra_body={"speculative": "fast"})):
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.param == "speculative"

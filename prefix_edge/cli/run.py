@@ -93,7 +93,7 @@ def run(
         if as_json:
             r = rt.generate(task, text, **opts)
             keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",
-                    "generated_tokens", "finish_reason")
+                    "generated_tokens", "finish_reason", "cached_tokens", "drafted_tokens", "accepted_tokens")
             stats = {k: getattr(r.stats, k) for k in keys}
             stats.update(backend=rt.backend.name, threads=rt.threads)
             typer.echo(json.dumps({"text": r.text, "tokens": r.tokens, "stats": stats}, ensure_ascii=False))

@@ -70,8 +70,14 @@ def usage(results: list, n: int | None = None) -> dict:
     firsts = results[::n or len(results)]
     prompt = sum(r.stats.prefix_tokens + r.stats.input_tokens for r in firsts)
     out = sum(x.stats.generated_tokens for x in results)
-    return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
-            "prompt_tokens_details": {"cached_tokens": sum(r.stats.cached_tokens for r in firsts)}}
+    use = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
+           "prompt_tokens_details": {"cached_tokens": sum(r.stats.cached_tokens for r in firsts)}}
+    drafted = sum(x.stats.drafted_tokens for x in results)
+    if drafted:  # speculative="lookup": OpenAI's fields for predicted tokens kept and dropped
+        accepted = sum(x.stats.accepted_tokens for x in results)
+        use["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
+    return use
 
 
 class LogprobFormat:

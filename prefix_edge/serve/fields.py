@@ -292,4 +292,4 @@ RESPONSE_FIELDS = {
     "stream_options": S("obj", {"include_obfuscation": S("bool|null")}), "background": BOOL,
     "seed": INT, "max_tool_calls": INT, "prompt_cache_retention": STR,
     "documents": DOCUMENTS, "compose_documents": BOOL,  # extensions (documents.py)
-    "compose_recompute": INT}
+    "compose_recompute": INT, "speculative": STR}

@@ -147,8 +147,8 @@ class Responses:
                                    "previous_response_not_found")
                 history = _copy(got[1])
             messages = _messages(body, history)
-            sampling = {k: body[k] for k in ("temperature", "top_p", "seed", "documents",
-                                             "compose_documents", "compose_recompute") if k in body}
+            sampling = {k: body[k] for k in ("temperature", "top_p", "seed", "documents", "compose_documents",
+                                             "compose_recompute", "speculative") if k in body}
             if body.get("max_output_tokens") is not None:
                 sampling["max_tokens"] = body["max_output_tokens"]
             top = body.get("top_logprobs")
