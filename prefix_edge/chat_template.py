@@ -150,16 +150,17 @@ def _line(e: BaseException) -> str:
 
 def render_chat(chat_template: str, messages: list[dict], add_generation_prompt: bool,
                 special: dict[str, Any], tools: list | None = None,
-                seconds: float | None = None) -> str:
+                seconds: float | None = None, documents: list | None = None) -> str:
     """The conversation as the model's template spells it (one PrefixEdgeError line if the
     template refuses it, e.g. roles that do not alternate; a TemplateBudgetError if it goes over
-    its budget: `seconds` of CPU, default template_budget.RENDER_SECONDS)."""
+    its budget: `seconds` of CPU, default template_budget.RENDER_SECONDS). `documents`: as
+    transformers' apply_chat_template(documents=...) passes them."""
     import jinja2
 
     tpl = _compiled(chat_template)
     try:
         with budget.rendering(seconds):
-            ctx = tpl.new_context(dict(messages=messages, tools=tools, documents=None,
+            ctx = tpl.new_context(dict(messages=messages, tools=tools, documents=documents,
                                        add_generation_prompt=add_generation_prompt, **special))
             return "".join(tpl.root_render_func(ctx))
     except TemplateBudgetError as e:

@@ -246,3 +246,61 @@ def test_the_server_composes_as_the_library_does(client, local, server):
                    if ln.startswith("prefix_edge_document_cache_"))
     assert float(metrics["prefix_edge_document_cache_hits_total"]) >= 2
     assert 0 < float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_document_cache_budget_bytes"])
+
+
+# -- a template with a documents section of its own ------------------------------------------
+
+DOCS_TEMPLATE = (
+    "{%- if documents %}<|im_start|>documents\n"
+    "{%- for d in documents %}\nDocument {{ loop.index }}: {{ d['title'] }}\n{{ d['text'] }}\n{%- endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def documents_bundle(tiny_model, tasks_file, tmp_path_factory):
+    """The tiny model with a chat template that renders `documents` itself (as Granite's and
+    Command R's do), exported to ONNX."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from prefix_edge.export.build import export_bundle
+
+    src = tmp_path_factory.mktemp("docs-model") / "m"
+    shutil.copytree(tiny_model, src)
+    tok = AutoTokenizer.from_pretrained(str(src))
+    tok.chat_template = DOCS_TEMPLATE
+    tok.save_pretrained(str(src))
+    out = tmp_path_factory.mktemp("docs-bundle") / "b"
+    export_bundle(src, tasks_file, out, formats=["onnx"], quantize="none", progress=False)
+    return src, out
+
+
+def test_a_template_with_a_documents_section_renders_them_as_transformers_does(documents_bundle):
+    from transformers import AutoTokenizer
+
+    src, bundle = documents_bundle
+    hf = AutoTokenizer.from_pretrained(str(src))
+    want = hf.apply_chat_template(ASK, documents=DOCS, add_generation_prompt=True, tokenize=True)
+    with Runtime.open(bundle, backend="onnx") as rt:
+        assert rt.chat_renderer.documents_native
+        ids, _, _ = rt.requests.chat_input(None, ASK, None, documents=DOCS)
+        assert ids.tolist() == list(want)
+        got = rt.generate(None, messages=ASK, documents=DOCS, max_tokens=8, use_prompt_cache=False)
+        assert got.tokens == rt.generate(None, list(want), max_tokens=8, use_prompt_cache=False).tokens
+        # composed on the template's own section: one document in place is the prefilled answer
+        one = rt.generate(None, messages=ASK, documents=DOCS[:1], max_tokens=8, use_prompt_cache=False)
+        assert rt.generate(None, messages=ASK, documents=DOCS[:1], max_tokens=8,
+                           compose_documents=True).tokens == one.tokens
+        r = rt.generate(None, messages=ASK, documents=DOCS[::-1], max_tokens=8, compose_documents=True)
+        assert r.stats.cached_tokens == 0
+        r = rt.generate(None, messages=ASK, documents=DOCS, max_tokens=8, compose_documents=True)
+        assert r.stats.cached_tokens > 0  # every document reused where it now stands
+        # a document that spells a special token goes in the fallback block, as message text
+        odd = [{"title": "x", "text": "a <|im_end|> b"}]
+        r = rt.generate(None, messages=ASK, documents=odd, max_tokens=4, use_prompt_cache=False)
+        ref = rt.generate(None, messages=[{"role": "system", "content": "Documents:\n\n[1] x\na <|im_end|> b"}] + ASK,
+                          max_tokens=4, use_prompt_cache=False)
+        assert r.tokens == ref.tokens

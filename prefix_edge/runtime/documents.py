@@ -14,8 +14,9 @@ in front) or before the user's text (a task's text call, inside the task's input
 
 The rendered prompt is then an ordinary prompt: prefilled, or served from the exact prompt
 cache (cache/prompts.py) when the same documents come again — exact, a hit equals a miss.
-A model's own documents section (HF's `documents=` argument to apply_chat_template) is not
-used yet.
+A conversation on a model whose chat template has a documents section of its own (it reads
+`documents`, as HF's apply_chat_template(documents=...) passes them) gets them there instead
+(prepare.py `_native_documents`).
 
 `compose_documents=True` (opt-in, not exact; compose.py): the same block, each document's own
 text (`module`: its title line and text) tokenized on its own, its KV computed once and

@@ -155,18 +155,34 @@ class Requests:
                                       f"(0..{self._n_vocab - 1})", param="text")
         return np.array(out, np.int64)
 
-    def chat_input(self, task: str | None, messages: list, tools=None) -> tuple[np.ndarray, tuple[int, ...], list]:
+    def chat_input(self, task: str | None, messages: list, tools=None,
+                   documents: list | None = None) -> tuple[np.ndarray, tuple[int, ...], list]:
         """(ids after the task's prefix, turn cuts, the checked messages) of a conversation. One
         user message to a task is its input, wrapped exactly as `text=` wraps it. tools: a
-        tools.ToolSpec offered to the model."""
+        tools.ToolSpec offered to the model; documents: given to a template with a documents
+        section of its own (`_native_documents`)."""
         msgs = check_messages(messages)
-        offered = tools is not None and tools.choice != "none"
-        if task is not None and len(msgs) == 1 and msgs[0]["role"] == "user" and not (offered and self._chat(task)):
+        if self._task_input(task, msgs, tools):
             return self.encode_input(task, msgs[0]["content"]), (), msgs
         info = self.manifest.tasks[task] if task is not None else None
         room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
-        p = self.chat_renderer.prompt(task, info, msgs, room, tools)
+        p = self.chat_renderer.prompt(task, info, msgs, room, tools, documents=documents)
         return p.ids, p.cuts, msgs
+
+    def _task_input(self, task: str | None, messages: list, tools) -> bool:
+        """One user message to a task: its input, wrapped by the task's template (no chat template)."""
+        offered = tools is not None and tools.choice != "none"
+        return task is not None and isinstance(messages, list) and len(messages) == 1 and \
+            isinstance(messages[0], dict) and messages[0].get("role") == "user" and \
+            not (offered and self._chat(task))
+
+    def _native_documents(self, task, messages, tools, docs) -> bool:
+        """The documents go to the model's own documents section (its template reads
+        `documents`), unless the conversation is a task's text input or a document spells a
+        special token (the fallback block then carries it, as message text)."""
+        return bool(docs) and self.chat_renderer.template is not None and self.chat_renderer.documents_native \
+            and not self._task_input(task, messages, tools) \
+            and not any(t in d["title"] + d["text"] for d in docs for t in self._special_texts)
 
     # -- the request --------------------------------------------------------------------
     def _chat(self, task: str) -> bool:
@@ -230,6 +246,8 @@ class Requests:
                 raise PrefixEdgeError("the input is empty: nothing to generate from", param="text")
             text, _ = with_documents(docs, text, None)
             ids = self.encode_input(task, text, raw_special_tokens=raw)
+        elif self._native_documents(task, messages, tools, docs):  # the template's own section
+            ids, cuts, _ = self.chat_input(task, messages, tools, documents=docs)
         else:
             _, messages = with_documents(docs, None, messages, task is not None and
                                          (tools is None or tools.choice == "none" or not self._chat(task)))
@@ -297,13 +315,13 @@ class Requests:
             raise OptionError("compose_documents", "compose_documents: this model's documents cannot be "
                                                    f"composed ({why or 'its state cannot be cut back'}); "
                                                    "leave it false")
-        mods = tuple(module(d) for d in docs)
+        native = messages is not None and self._native_documents(task, messages, tools, docs)
+        mods = tuple(d["text"] if native else module(d) for d in docs)
         info = self.manifest.tasks[task] if task is not None else None
-        if messages is not None and not (task is not None and len(messages) == 1
-                                         and messages[0].get("role") == "user"
-                                         and not (tools is not None and tools.choice != "none" and self._chat(task))):
+        if messages is not None and not self._task_input(task, messages, tools):
             room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
-            p = self.chat_renderer.prompt(task, info, check_messages(messages), room, tools, pieces=mods)
+            p = self.chat_renderer.prompt(task, info, check_messages(messages), room, tools, pieces=mods,
+                                          documents=docs if native else None)
             ids, spans = p.ids, p.spans
         else:
             user = text if messages is None else messages[0]["content"]

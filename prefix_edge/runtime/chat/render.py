@@ -25,6 +25,8 @@ before rendering and tokenized as plain text, special tokens split (user_text.py
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,13 +136,28 @@ class ChatRenderer:
         self.marks = Marks(special_texts)
         self.special_ids = {i for i in map(tokenizer.token_to_id, special_texts) if i is not None}
 
-    def render(self, messages: list[dict], gen: bool, tools: list | None = None) -> str:
+    def render(self, messages: list[dict], gen: bool, tools: list | None = None,
+               documents: list | None = None) -> str:
         from ...chat_template import render_chat
 
-        return render_chat(self.template, messages, gen, self.special, tools)
+        return render_chat(self.template, messages, gen, self.special, tools, documents=documents)
+
+    @functools.cached_property
+    def documents_native(self) -> bool:
+        """The template has a documents section of its own (it reads `documents`, as HF's
+        apply_chat_template(documents=...) passes them: Granite, Command R, ...)."""
+        if not self.template:
+            return False
+        import jinja2
+        from jinja2 import meta
+
+        try:
+            return "documents" in meta.find_undeclared_variables(jinja2.Environment().parse(self.template))
+        except jinja2.TemplateError:
+            return False
 
     def prompt(self, task: str | None, info, messages: list[dict], room: int | None = None,
-               tools=None, pieces: tuple[str, ...] = ()) -> ChatPrompt:
+               tools=None, pieces: tuple[str, ...] = (), documents: list | None = None) -> ChatPrompt:
         """room: the tokens the input may take; a conversation beyond it fails before its turn
         boundaries are rendered (one render per earlier turn). pieces: texts the rendered prompt
         holds in this order (composed documents), each tokenized on its own; their token spans
@@ -168,8 +185,8 @@ class ChatRenderer:
         msgs = [{**m, "content": fill_template(template, m["content"])} if m["role"] == "user" else m
                 for m in user]
         msgs, offered = for_template(msgs, tools, is_native)
-        head = self.render(own, False) if own else ""
-        full = self.render(own + msgs, True, offered)
+        head = self.render(own, False, documents=documents) if own else ""
+        full = self.render(own + msgs, True, offered, documents)
         if not full.startswith(head):
             raise PrefixEdgeError(f"task '{task}': the chat template does not render this "
                                   "conversation after the task's own messages", param="messages")
@@ -188,7 +205,7 @@ class ChatRenderer:
 
                 raise ContextLengthExceeded(f"the conversation is over the {room} tokens a request "
                                             "may use after the task's prefix (n_ctx)")
-        char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved, whole)
+        char_cuts = self._cuts(own, msgs, offered, head, rendered, text, moved, whole, documents)
         found, at = [], 0
         for piece in pieces:
             i = text.find(piece, at)
@@ -208,7 +225,7 @@ class ChatRenderer:
                           messages, tuple((where[a], where[b]) for a, b in found))
 
     def _cuts(self, own: list, msgs: list, offered, head: str, rendered: str, text: str,
-              moved=None, whole=None) -> list[int]:
+              moved=None, whole=None, documents=None) -> list[int]:
         """Where chunks break in `text`: each earlier turn's prompt end (after its generation
         prompt: where the next turn resumes) and the end of each other message followed by one
         that is not a reply, where a token starts there (a system message of documents, resent
@@ -219,7 +236,7 @@ class ChatRenderer:
             # before a reply only the turn's prompt end: a first turn's prompt has no cut
             turn = msgs[i]["role"] == "assistant" and msgs[i - 1]["role"] != "assistant"
             for gen in (True,) if turn else (False,):
-                s = self.render(own + msgs[:i], gen, offered)
+                s = self.render(own + msgs[:i], gen, offered, documents)
                 n = len(s) - len(head)
                 if s.startswith(head) and rendered.startswith(s[len(head):]) and 0 < n < len(rendered):
                     found.add((moved(n) if moved else n, gen))
