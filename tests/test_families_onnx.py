@@ -147,7 +147,7 @@ def test_a_sentencepiece_checkpoint_exports_both_engines(tmp_path):
 
     pytest.importorskip("llama_cpp")
     # use_bias off, as ERNIE-4.5-0.3B ships (llama.cpp's ERNIE graph has no MLP biases: with
-    # them, loading the GGUF fails "wrong number of tensors", one error line)
+    # them the GGUF export is refused up front, the test at the end of this module)
     model, tok = build_family("ernie4_5", tmp_path / "model", sentencepiece=True, use_bias=False)
     assert not (tmp_path / "model" / "tokenizer.json").exists()
     export_both(tmp_path)
@@ -170,3 +170,18 @@ def test_a_sentencepiece_checkpoint_exports_both_engines(tmp_path):
                         ref = model(torch.tensor([ids + got])).logits[0, len(ids) - 1:-1].numpy()
                     gap = ref.max(axis=1) - ref[np.arange(len(got)), got]
                     assert gap.max() <= (0.0 if backend == "onnx" else GGUF_TIE), (backend, task, text, gap)
+
+
+def test_an_ernie_checkpoint_with_mlp_biases_is_refused_before_gguf_conversion(tmp_path):
+    """llama.cpp's converter writes ERNIE 4.5's MLP biases, its graph has none (loading then
+    fails on the tensor count): refused up front, naming the setting and the way out."""
+    import json
+
+    from prefix_edge.errors import PrefixEdgeError
+    from prefix_edge.export.gguf import convert_hf_to_gguf
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "ernie4_5", "use_bias": True}))
+    with pytest.raises(PrefixEdgeError) as e:
+        convert_hf_to_gguf(tmp_path, tmp_path / "out.gguf")
+    assert "use_bias=true" in str(e.value) and "--format onnx" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out.gguf").exists()

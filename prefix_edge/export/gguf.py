@@ -45,7 +45,7 @@ def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32", check: bool 
     hf_dir = Path(hf_dir)
     if ftype not in FTYPES:
         raise PrefixEdgeError(f"unknown GGUF ftype {ftype!r}; choose one of {', '.join(FTYPES)}")
-    _read_json(hf_dir / "config.json")
+    refuse_unsupported(_read_json(hf_dir / "config.json"))
     convert(hf_dir, Path(out), ftype)
     if check:
         try:
@@ -53,6 +53,15 @@ def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32", check: bool 
         except PrefixEdgeError:
             Path(out).unlink(missing_ok=True)
             raise
+
+
+def refuse_unsupported(cfg: dict) -> None:
+    """Checkpoint shapes llama.cpp's converter writes but its graph cannot run, refused before
+    the conversion (one line naming the setting and what to do)."""
+    if cfg.get("model_type") == "ernie4_5" and cfg.get("use_bias"):
+        raise PrefixEdgeError("this ERNIE 4.5 checkpoint has use_bias=true: llama.cpp's ERNIE 4.5 "
+                              "graph has no MLP biases (its converter writes them, its loader then "
+                              "refuses the tensor count); export it with --format onnx")
 
 
 def pre_tokenizer_name(hf_dir: Path) -> str:
