@@ -8,6 +8,13 @@ docs/speculative.md.
 
 Each input runs "off" then "lookup" on one runtime per engine (slots=1, nothing else running),
 after one warm-up request; a task's own options (its schema, max_tokens) apply to both.
+
+`--peer`: llama.cpp's own prompt-lookup decoding on the same GGUF file, as llama-cpp-python
+exposes it (`Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`), against the same
+Llama without a draft model: the same prompt ids (the task's prefix ids and its wrapped input;
+tasks with trained virtual tokens cannot be given to it and are skipped), greedy, the task's
+max_tokens, no constraint (llama-cpp-python's sampling loop takes no schema of ours). Decode
+tok/s from a stream's first to last token, and answers equal to its own no-draft run.
 """
 
 from __future__ import annotations
@@ -64,6 +71,60 @@ def measure(rt, task: str, texts: list[str]) -> dict:
             "speedup": round(out["lookup"]["tok_s"] / out["off"]["tok_s"], 3) if out["off"]["tok_s"] else None}
 
 
+def peer(root: Path, threads: int | None, tasks: list[str], n: int) -> list[dict]:
+    """llama-cpp-python's prompt-lookup decoding against its plain decode (module doc)."""
+    import time
+
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    from prefix_edge.bundle import Bundle
+    from prefix_edge.options import resolve
+    from prefix_edge.runtime.runtime import Runtime
+
+    bundle = Bundle.open(root)
+    prompts = {}
+    with Runtime.open(root, backend="gguf", threads=threads, slots=1) as rt:
+        for task in tasks:
+            info = rt.manifest.tasks[task]
+            texts = inputs_of(task, n)
+            if info.n_virtual or not texts:
+                continue
+            pre = rt.prefixes.ids(task).tolist()
+            limit = resolve(info.defaults)["max_tokens"] or 64
+            prompts[task] = ([pre + rt.encode_input(task, t).tolist() for t in texts], limit)
+    rows = []
+    answers: dict = {}
+    for name, draft in (("plain", None), ("lookup", LlamaPromptLookupDecoding(num_pred_tokens=10))):
+        llm = Llama(model_path=str(bundle.model_file("gguf")), n_ctx=4096, n_threads=threads or 2,
+                    n_threads_batch=threads or 2, draft_model=draft, verbose=False)
+        for task, (ids_list, limit) in prompts.items():
+            toks = secs = 0.0
+            for i, ids in enumerate(ids_list):
+                llm.reset()
+                first = last = None
+                text = []
+                for chunk in llm.create_completion(prompt=ids, max_tokens=limit, temperature=0.0,
+                                                   stream=True):
+                    last = time.perf_counter()
+                    first = first or last
+                    text.append(chunk["choices"][0]["text"])
+                answers[(name, task, i)] = "".join(text)
+                k = max(0, len(text) - 1)
+                if k and last > first:
+                    toks, secs = toks + k, secs + (last - first)
+            rows.append({"peer": name, "task": task, "n": len(ids_list),
+                         "tok_s": round(toks / secs, 1) if secs else 0.0})
+        del llm
+    for r in rows:
+        if r["peer"] == "lookup":
+            base = next(x for x in rows if x["peer"] == "plain" and x["task"] == r["task"])
+            r["speedup"] = round(r["tok_s"] / base["tok_s"], 3) if base["tok_s"] else None
+            r["equal"] = sum(answers[("lookup", r["task"], i)] == answers[("plain", r["task"], i)]
+                             for i in range(r["n"]))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", type=Path)
@@ -72,6 +133,7 @@ def main() -> None:
     ap.add_argument("--tasks", help="comma-separated subset")
     ap.add_argument("--backends", default="gguf,onnx")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--peer", action="store_true", help="also llama.cpp's own lookup decoding (module doc)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge.paths import default_bundle
@@ -99,6 +161,17 @@ def main() -> None:
         print(f"| {r['backend']} | {r['task']} | {r['n']} | {r['lookup']['tokens_per_forward']:.2f} "
               f"| {r['off']['tok_s']} | {r['lookup']['tok_s']} | {r['speedup']} | {r['equal']}/{r['n']} "
               f"| {valid} |")
+    if args.peer:
+        names = args.tasks.split(",") if args.tasks else TASKS
+        peers = peer(root, args.threads, names, args.inputs)
+        print("\n| llama-cpp-python | task | inputs | decode tok/s | ratio to its plain decode | answers equal |")
+        print("|---|---|---|---|---|---|")
+        for r in peers:
+            if r["peer"] == "lookup":
+                base = next(x for x in peers if x["peer"] == "plain" and x["task"] == r["task"])
+                print(f"| prompt lookup (10) | {r['task']} | {r['n']} | {r['tok_s']} (plain {base['tok_s']}) "
+                      f"| {r['speedup']} | {r['equal']}/{r['n']} |")
+        rows.append({"peer": peers})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
 

@@ -13,11 +13,12 @@ from prefix_edge.tasks import load_tasks
 
 BAD = {"max_tokens": 0, "temperature": 2.5, "top_p": 1.5, "top_k": -1, "seed": -1, "min_p": 1.5,
        "repetition_penalty": 0, "presence_penalty": 3, "frequency_penalty": -3, "stop": [""],
-       "logit_bias": {"5": 101}, "json_schema": "x", "regex": "", "grammar": "", "speculative": "on"}
+       "logit_bias": {"5": 101}, "json_schema": "x", "regex": "", "grammar": "", "speculative": "on",
+       "compose_documents": "yes", "compose_recompute": 4097}
 GOOD = {"max_tokens": 1 << 20, "temperature": 2, "top_p": 0.5, "top_k": 40, "seed": 2 ** 63 - 1,
         "min_p": 1, "repetition_penalty": 10, "presence_penalty": -2, "frequency_penalty": 2,
         "stop": ["\n"], "logit_bias": {"5": -100}, "json_schema": {"type": "object"}, "regex": "a+",
-        "grammar": "start: \"a\"", "speculative": "lookup"}
+        "grammar": "start: \"a\"", "speculative": "lookup", "compose_documents": True, "compose_recompute": 0}
 
 
 def test_every_option_has_a_bad_and_a_good_case():
