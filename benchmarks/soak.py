@@ -1,6 +1,7 @@
 """A memory soak of `prefix-edge serve`: N seeded requests of a mix (chats of one and of several
 turns, Responses chains with tool calls and full metadata, constrained answers, streams the
-client leaves after two events, large stored responses, malformed bodies), the server's RSS and
+client leaves after two events, large stored responses, malformed bodies, chats with
+documents from a small pool, composed half the time), the server's RSS and
 its stores' bytes (/metrics `prefix_edge_memory_bytes`) sampled as they run, against the bound
 docs/server.md states: after warm-up the RSS grows by at most the stores' budgets.
 
@@ -27,6 +28,10 @@ from pathlib import Path
 import httpx
 
 SLACK_MIB = 64  # allocator and interpreter noise the bound allows beyond the budgets
+# documents the "documents" requests draw from (so that they repeat, in other orders: the
+# prompt cache and the document cache both fill)
+DOC_POOL = [" ".join(f"Item {i}.{k} of this sheet is rated {(i * 31 + k * 7) % 50} out of 50." for k in range(12))
+            for i in range(6)]
 WORDS = ("sync stopped metered connection resume settings parcel damaged order mugs Valencia "
          "review great broke battery train station naïve café 🚀 refund").split()
 TOOL = {"type": "function", "name": "lookup", "description": "Look an order up.",
@@ -68,11 +73,16 @@ class Mix:
         r = self.rng
         with self.lock:
             kind = r.choice(["chat", "chat", "turns", "chain", "chain", "tool", "constraint",
-                             "leave", "big", "bad"] + (["text"] if self.text else []))
+                             "leave", "big", "bad", "documents"] + (["text"] if self.text else []))
             task, mt = r.choice(self.chat), r.randint(1, 12)
             if kind == "chat":
                 return "POST", "/v1/chat/completions", {"model": task, "max_tokens": mt, "messages": [
                     {"role": "user", "content": self.words(2, 40)}], "stream": r.random() < 0.3}, 1
+            if kind == "documents":  # a few of a small pool, any order; composed half the time
+                docs = [{"title": f"Sheet {i}", "text": DOC_POOL[i]} for i in r.sample(range(len(DOC_POOL)), r.randint(1, 3))]
+                return "POST", "/v1/chat/completions", {
+                    "model": "base", "max_tokens": mt, "documents": docs, "compose_documents": r.random() < 0.5,
+                    "messages": [{"role": "user", "content": self.words(2, 12)}], "stream": r.random() < 0.3}, 1
             if kind == "turns":
                 msgs = []
                 for _ in range(r.randint(2, 4)):
