@@ -33,12 +33,9 @@ import numpy as np
 from .cache.documents import DocumentKv, document_key
 from .kv import KvLayers, Rope
 
-DEFAULT_RECOMPUTE = 32  # k: each later document's first tokens prefilled in place
-
-
 @dataclass
 class Piece:
-    label: np.ndarray  # ids before the document (the second on: separator and "[i] ")
+    label: np.ndarray  # ids between the previous document and this one (the second on: "\n\n[i]")
     ids: np.ndarray    # the document's ids
     key: str           # its document-cache key
 
