@@ -6,6 +6,10 @@ llama-cpp-python (`Llama.create_chat_completion`, its own longest-common-prefix 
 same GGUF file, in one run. Time to first token of each request (max_tokens=1).
 
     python benchmarks/context_reuse.py [--bundle DIR] [--threads 2] [--out docs/context-reuse.json]
+                                       [--backends gguf,onnx] [--sentences 52]
+
+(--sentences: each sheet's length; 52 gives the 3,790-token workload, 13 about a quarter of it
+for the larger models.)
 
 Each runner is its own fresh process (the engines' first request warms up on an unrelated
 prompt, which is then dropped from the cache), so one runner's pages and caches never help
@@ -46,9 +50,12 @@ def document(i: int, sentences: int = 52) -> str:
 SYSTEM = "Answer from these documents."
 
 
+SENTENCES = 52  # each sheet's sentences (--sentences)
+
+
 def requests() -> list[tuple[str, list[str], str]]:
     """(name, documents, question) of each request, in order."""
-    d = [document(i) for i in range(4)]
+    d = [document(i, SENTENCES) for i in range(4)]
     return [("first", d[:3], "What is the warranty of the Orion desk lamp?"),
             ("same documents, new question", d[:3], "How heavy is the Lyra chair?"),
             ("same documents, another question", d[:3], "What colour is the Vega kettle?"),
@@ -101,7 +108,8 @@ def run_llama_cpp(gguf: str, threads: int) -> list[dict]:
 
 
 def child(args: list[str]) -> list[dict]:
-    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, __file__, "--sentences", str(SENTENCES), "--child", *args],
+                       capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{args}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -112,8 +120,12 @@ def main() -> None:
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="docs/context-reuse.json")
+    ap.add_argument("--backends", default="gguf,onnx")
+    ap.add_argument("--sentences", type=int, default=52)
     ap.add_argument("--child", nargs="+")
     a = ap.parse_args()
+    global SENTENCES
+    SENTENCES = a.sentences
     if a.child:
         kind, *rest = a.child
         if kind == "llama":
@@ -128,7 +140,8 @@ def main() -> None:
     bundle = Bundle.open(a.bundle or default_bundle())
     gguf = str(bundle.model_file("gguf"))
     runs = {}
-    for backend in ("gguf", "onnx"):
+    backends = a.backends.split(",")
+    for backend in backends:
         for cache in ("on", "off"):
             runs[f"prefix-edge {backend}, prompt cache {cache}"] = child(["pe", str(bundle.root), backend,
                                                                          str(a.threads), cache])
@@ -136,7 +149,8 @@ def main() -> None:
                                                                     str(a.threads), "composed"])
     runs["llama-cpp-python (its prefix reuse)"] = child(["llama", gguf, str(a.threads)])
     names = [n for n, _ in workload()]
-    report = {"date": time.strftime("%Y-%m-%d"), "threads": a.threads, "machine": platform.processor() or
+    report = {"date": time.strftime("%Y-%m-%d"), "threads": a.threads, "sentences": SENTENCES,
+              "machine": platform.processor() or
               platform.machine(), "bundle": str(bundle.root), "requests": names, "runs": runs}
     peer = runs["llama-cpp-python (its prefix reuse)"]
     for key, rows in runs.items():
@@ -150,7 +164,7 @@ def main() -> None:
             report.setdefault("ratios", {})[key] = {"same_documents_vs_llama_cpp": round(ratio, 3),
                                                    "same_documents_vs_first": round(speedup, 1)}
             print(f"{key}: same documents {ratio:.2f}x llama-cpp-python's reuse, {speedup:.0f}x faster than the first")
-    for backend in ("gguf", "onnx"):  # composed vs that engine's prefill, documents seen before
+    for backend in backends:  # composed vs that engine's prefill, documents seen before
         rows, base = runs[f"prefix-edge {backend}, composed documents"], runs[f"prefix-edge {backend}, prompt cache off"]
         moved = {n: round(rows[names.index(n)]["ttft_ms"] / base[names.index(n)]["ttft_ms"], 3)
                  for n in ("reordered", "one swapped")}
