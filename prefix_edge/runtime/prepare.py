@@ -21,6 +21,7 @@ from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .documents import check_documents, module, with_documents
+from .kv import Rope
 from .text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 
@@ -117,11 +118,7 @@ class Requests:
             raise ContextLengthExceeded(f"input is more than {room} tokens (counted that far); " + (
                 f"with task '{task}''s prefix of {n_prefix} tokens that exceeds " if info is not None
                 else "that exceeds ") + f"the {self.n_ctx} tokens a request may use")
-        if info is not None:
-            head, _, tail = fill_template(info.template, "\x00").partition("\x00")
-            before, after, lead = info.input_before + head, tail + info.input_after, []
-        else:
-            before, after, lead = "", "", self._lead
+        before, after, lead = self._wrapping(info)
         enc = self.tokenizer.encode(before + text + after, add_special_tokens=False)
         if raw_special_tokens:  # the caller's opt-in: special tokens in the text are parsed
             return np.array(lead + enc.ids, np.int64)
@@ -133,6 +130,14 @@ class Requests:
         ids += self._text_tokenizer.encode(text, add_special_tokens=False).ids
         ids += self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
         return np.array(ids, np.int64)
+
+    def _wrapping(self, info) -> tuple[str, str, list[int]]:
+        """(text before the user's text, text after it, ids before both) of a task's input
+        (info: its TaskInfo), or of a base-model prompt (info None: the tokenizer's lead)."""
+        if info is None:
+            return "", "", self._lead
+        head, _, tail = fill_template(info.template, "\x00").partition("\x00")
+        return info.input_before + head, tail + info.input_after, []
 
     @functools.cached_property
     def _lead(self) -> list[int]:
@@ -182,7 +187,7 @@ class Requests:
         special token (the fallback block then carries it, as message text)."""
         return bool(docs) and self.chat_renderer.template is not None and self.chat_renderer.documents_native \
             and not self._task_input(task, messages, tools) \
-            and not any(t in d["title"] + d["text"] for d in docs for t in self._special_texts)
+            and not any(t in d["title"] + d["text"] for d in docs for t in self.chat_renderer.special_texts)
 
     # -- the request --------------------------------------------------------------------
     def _chat(self, task: str) -> bool:
@@ -308,8 +313,6 @@ class Requests:
         changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
         from .compose import Composition, Piece, composition_key
         from .cache.documents import document_key
-        from .kv import Rope
-
         why = Rope.refusal(self.manifest.model)
         if why is not None or not self.backend.keeps_partial:
             raise OptionError("compose_documents", "compose_documents: this model's documents cannot be "
@@ -341,20 +344,22 @@ class Requests:
         for a, b in spans:
             pieces.append(Piece(ids[at:a], ids[a:b], document_key(root, head, ids[a:b])))
             at = b
-        c = Composition(head, pieces, self.documents, Rope.of(self.manifest.model), k, self.prefill_chunk,
+        c = Composition(head, pieces, self.documents, self._rope, k, self.prefill_chunk,
                         composition_key(root, head, pieces, k))
         return c, ids[at:]
+
+    @functools.cached_property
+    def _rope(self) -> Rope:
+        """The model's rotary frequencies (composed documents' keys move by them)."""
+        return Rope.of(self.manifest.model)
 
     def _text_spans(self, info, text: str, mods: tuple[str, ...]):
         """A task's (or the base model's) input around `text` tokenized with each of `mods` (in
         `text`, in order) on its own: (ids, spans), or None (text that spells a special token)."""
-        if any(t in text for t in self._special_texts):
+        if any(t in text for t in self.chat_renderer.special_texts):
             return None
-        if info is not None:
-            head, _, tail = fill_template(info.template, "\x00").partition("\x00")
-            before, after, ids = info.input_before + head, tail + info.input_after, []
-        else:
-            before, after, ids = "", "", list(self._lead)
+        before, after, lead = self._wrapping(info)
+        ids = list(lead)
         full, at, spans = before + text + after, len(before), []
         for m in mods:
             i = full.find(m, at)
@@ -369,10 +374,6 @@ class Requests:
             at = i + len(m)
         ids += self.tokenizer.encode(full[at:], add_special_tokens=False).ids
         return np.array(ids, np.int64), tuple(spans)
-
-    @functools.cached_property
-    def _special_texts(self) -> list[str]:
-        return [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special and t.content]
 
     def _keeper(self, root: str, full: np.ndarray, cuts: tuple[int, ...], n_virtual: int):
         """The engine-thread callback that keeps a prompt's KV once it is read."""

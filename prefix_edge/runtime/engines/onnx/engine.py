@@ -24,9 +24,10 @@ import numpy as np
 from ....errors import PrefixEdgeError
 from ....bundle import prefixfile
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
-from ...kv import KvLayers, hf_rope_layout
+from ...kv import hf_rope_layout
 from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
+from .kv_data import KvData
 
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -38,7 +39,7 @@ def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in provs else [])
 
 
-class OnnxBackend(OneSequence):
+class OnnxBackend(OneSequence, KvData):
     name = "onnx"
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
     n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
@@ -63,8 +64,6 @@ class OnnxBackend(OneSequence):
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None):
-        import onnxruntime as ort
-
         if device == "auto":
             device = "cuda" if "cuda" in available_devices() else "cpu"
         if device == "cuda" and "cuda" not in available_devices():
@@ -313,54 +312,6 @@ class OnnxBackend(OneSequence):
         else:
             kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
         return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
-                      n_virtual=n_virtual, checked_by=self, pin=False)
-
-    # -- KV as data (runtime/kv.py) ----------------------------------------------------------
-    def kv_of(self, prefix: Prefix) -> KvLayers:
-        """A state's K and V per layer, [positions, kv_heads, head_dim] (the KV dtype)."""
-        kv = prefix.kv
-        return KvLayers([np.ascontiguousarray(kv[i][0].transpose(1, 0, 2)) for i in range(0, len(kv), 2)],
-                        [np.ascontiguousarray(kv[i][0].transpose(1, 0, 2)) for i in range(1, len(kv), 2)])
-
-    def seq_reserve(self, seq: int, positions: int) -> None:
-        """Room for `positions` in `seq` before it needs them: a fused buffer of that capacity
-        now (a spare one if any fits), one copy instead of one per growth."""
-        past, pos = self.seqs[seq]
-        if self.fused and positions > past.capacity:
-            old = past
-            self.seqs[seq] = (old.resized(pos, self._buffer(min(self.n_ctx, round_up(positions)))), pos)
-            self._recycle(old)
-
-    def seq_extend(self, seq: int, kv: KvLayers) -> int:
-        """Append `kv`'s positions to sequence `seq` as they are (keys already rotated for where
-        they land); its next position. A fused buffer is written in place (grown if needed)."""
-        past, pos = self.seqs[seq]
-        end = pos + kv.n
-        if end > self.n_ctx:
-            raise PrefixEdgeError(f"sequence {seq} would hold {end} positions, over n_ctx={self.n_ctx}")
-        if self.fused:
-            if end > past.capacity:
-                old = past
-                past = old.resized(pos, self._buffer(min(self.n_ctx, round_up(max(end + GROW_MIN,
-                                                                                  2 * old.capacity)))))
-                self._recycle(old)
-            for i, (k, v) in enumerate(zip(kv.k, kv.v)):
-                past.arrays[2 * i][0, :, pos:end] = k.transpose(1, 0, 2)
-                past.arrays[2 * i + 1][0, :, pos:end] = v.transpose(1, 0, 2)
-        else:
-            new = [a.transpose(1, 0, 2)[None].astype(self.kv_dtype) for pair in zip(kv.k, kv.v) for a in pair]
-            past = [np.concatenate([np.asarray(p if isinstance(p, np.ndarray) else p.numpy()), a], axis=2)
-                    for p, a in zip(past, new)]
-        self.seqs[seq] = (past, end)
-        return end
-
-    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
-        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
-        arrays = []
-        for k, v in zip(kv.k, kv.v):
-            arrays += [np.ascontiguousarray(a.astype(self.kv_dtype, copy=False).transpose(1, 0, 2)[None])
-                       for a in (k, v)]
-        return Prefix(np.asarray(ids, np.int64), arrays, {}, sum(a.nbytes for a in arrays),
                       n_virtual=n_virtual, checked_by=self, pin=False)
 
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
