@@ -38,17 +38,24 @@ class ServerState:
         self.draining = False
         self.live: set = set()
         self.readers: set = set()  # tasks still receiving a body (limits.BodyLimits)
-        self.cut_requests = 0
+        self._cut: list = []  # handles cancelled by cut(); some may have finished just before
 
     def cut(self, reason: str = "shutdown") -> None:
         """On the event loop: end every request still running or uploading."""
         for h in list(self.live):
             if not h.done:
-                self.cut_requests += 1
+                self._cut.append((h, reason))
                 h.cancel(reason)
         for task in list(self.readers):
             task._prefix_edge_cut = True
             task.cancel()
+
+    @property
+    def cut_requests(self) -> int:
+        """How many requests cut() really ended: one whose last token came while the cut was on
+        its way finished normally and its client got the whole answer, so it is not counted."""
+        return sum(1 for h, reason in self._cut
+                   if h.result is None or h.result.stats.finish_reason == reason)
 
 
 def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
