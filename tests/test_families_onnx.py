@@ -3,7 +3,8 @@ checkpoint (tests/helpers/families.py) exported once with `--format onnx --quant
 OLMo 2 (post-norms, q/k norms over the whole projection), EXAONE 4.0 (per-head q/k norms,
 post-norms; as the family helper builds it, and a 4-layer one with a window of 8 whose last layer
 is global and has no RoPE), Hunyuan dense (per-head q/k norms after the rotary; with the NTK-alpha
-dynamic RoPE real checkpoints ship) and ERNIE 4.5 (interleaved rotary, biases everywhere):
+dynamic RoPE real checkpoints ship), ERNIE 4.5 (interleaved rotary, biases everywhere) and the
+hybrid LFM2 (short-convolution layers with their state in and out, per-head q/k norms):
 - fp32 logits at every position match transformers to 1e-4, stepped one token at a time, in
   chunks and as one prefill, and the greedy tokens agree;
 - a baked chat prefix and a baked text prefix give the first-step logits (1e-5) and the greedy
@@ -45,6 +46,7 @@ CASES = {
     "exaone4-window": ("exaone4", dict(num_hidden_layers=4, sliding_window=8)),
     "hunyuan": ("hunyuan", dict(rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})),
     "ernie4_5": ("ernie4_5", {}),
+    "lfm2": ("lfm2", {}),  # a hybrid: conv layers' states in and out (tests/test_hybrid_onnx.py)
 }
 _BUILT: dict = {}
 

@@ -57,9 +57,10 @@ def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int,
 
 def check_geometry(be, manifest: Manifest) -> None:
     m = manifest.model
-    if (be.n_layers, be.n_kv_heads, be.head_dim) != (m.n_layers, m.n_kv_heads, m.head_dim):
+    layers = getattr(be, "model_layers", be.n_layers)  # a hybrid's recurrent layers too
+    if (layers, be.n_kv_heads, be.head_dim) != (m.n_layers, m.n_kv_heads, m.head_dim):
         raise PrefixEdgeError(
-            f"the {be.name} model has {be.n_layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
+            f"the {be.name} model has {layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
             f"the model config says {m.n_layers} × {m.n_kv_heads} × {m.head_dim}")
 
 
@@ -147,6 +148,10 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
 
     V = keys[0].shape[1]
     empty = np.zeros(0, np.int64)
+    if getattr(be, "recurrent_layers", 0):
+        raise PrefixEdgeError(f"a prefix-tuning adapter sets each layer's KV; this model's "
+                              f"{be.recurrent_layers} recurrent layers keep a state, not a KV, so "
+                              "prefix tuning cannot apply to it (prompt tuning can)")
     if be.name == "onnx":
         named = {}
         for l, (k, v) in enumerate(zip(keys, values)):
@@ -156,11 +161,6 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
         return Prefix(empty, kv, {}, sum(t.nbytes for t in kv), n_virtual=V)
     if be.name == "gguf":
         from ..llamacpp.seqstate_write import build_seq_state
-
-        if getattr(be, "recurrent", None):
-            raise PrefixEdgeError(f"a prefix-tuning adapter sets each layer's KV; this model's "
-                                  f"{be.recurrent_layers} recurrent layers keep a state, not a KV, so "
-                                  "prefix tuning cannot apply to it (prompt tuning can)")
 
         if be.rope_layout == "adjacent":
             keys = [hf_keys_to_llama_cpp(k) for k in keys]
@@ -200,7 +200,8 @@ class _SoftPrompts:
                 raise PrefixEdgeError("baking a soft prompt needs the deployed ONNX model's path")
             be = self.be
             self._runner = SoftPromptRunner(self.model_path, be.past_names, be.n_kv_heads,
-                                            be.head_dim, be.kv_dtype, self.m.hidden_size)
+                                            be.head_dim, be.kv_dtype, self.m.hidden_size,
+                                            dict(zip(be.state_names, be.state_shapes)))
         return self._runner
 
     def close(self) -> None:

@@ -45,7 +45,10 @@ Supported, each checked against transformers (tests/test_architectures.py):
 - HunYuanDenseV1ForCausalLM: per-head q/k norms after the rotary, so the rotary is a
   RotaryEmbedding op before them (positions from seqlens_k) and GQA's is off; its dynamic RoPE
   with an NTK alpha is a fixed base within max_position_embeddings, built as transformers does;
-- Ernie4_5ForCausalLM: interleaved rotary (pairs 2i, 2i+1), use_bias on every projection.
+- Ernie4_5ForCausalLM: interleaved rotary (pairs 2i, 2i+1), use_bias on every projection;
+- Lfm2ForCausalLM (a hybrid): short-convolution layers beside attention layers with per-head
+  q/k norms; a conv layer's state is a graph input and output (`past_conv.{i}` /
+  `present_conv.{i}`, export/onnx_hybrid.py), and only attention layers have past_key_values.
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
@@ -56,14 +59,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..errors import PrefixEdgeError
+from .onnx_hybrid import LFM2, STATE_IN, STATE_OUT, lfm2_layers, lfm2_weights, short_conv
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
-                 "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM")
+                 "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
+                 LFM2)
 POST_NORMS = ("Olmo2ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
@@ -186,8 +192,14 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
     # the rotary (Hunyuan: the rotary leaves GQA), or none
     qk_norm = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
-               "Olmo2ForCausalLM": "whole", HUNYUAN: "after_rope"}.get(arch)
-    qk_keys = ("query_layernorm", "key_layernorm") if arch == HUNYUAN else ("q_norm", "k_norm")
+               LFM2: "head", "Olmo2ForCausalLM": "whole", HUNYUAN: "after_rope"}.get(arch)
+    qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
+        arch, ("q_norm", "k_norm"))
+    conv = [False] * n_layers  # LFM2's short-convolution layers (a state, no KV)
+    if arch == LFM2:
+        conv, eps = lfm2_layers(hf_dir), float(cfg.get("norm_eps", 1e-5))
+        lfm2_weights(w, conv)
+        conv_len = int(cfg.get("conv_L_cache", 3))
     post_norms = arch in POST_NORMS
     granite = arch == "GraniteForCausalLM"
     rope_on = [True] * n_layers
@@ -262,47 +274,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         return node("Reshape", [normed, init(name + "/flat", np.array([0, 0, heads * head_dim], np.int64))],
                     [name + "/out"], name + "/Flatten")
 
-    cos, sin = rope_cache(hf_dir, n_pos)
-    if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
-        raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
-                      "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
-    init("cos_cache", cos)
-    init("sin_cache", sin)
-    if any(local):
-        for name, a in zip(("cos_cache_local", "sin_cache_local"), rope_cache(hf_dir, n_pos, local=True)):
-            init(name, a)
-    x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
-             ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
-    if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
-        x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
-                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
-    if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
-        x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
-                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
-    if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
-        seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
-                              init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
-        past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
-                            node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
-        steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
-                     "/pos/Range")
-        node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
-                          "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
-    residual, pending = x, None
-    outputs = []
-    for i in range(n_layers):
-        p = f"model.layers.{i}"
-        if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
-            if pending is not None:
-                residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
-            h = residual
-        elif pending is None:
-            h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
-        else:
-            ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
-            h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
-                                     [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
-                                     domain="com.microsoft", epsilon=eps)
+    def attention(h: str, p: str, i: int) -> str:
+        """Layer i's attention on the normed `h`, before its residual add."""
         # q, k and v in one MatMul: GroupQueryAttention takes the packed [q; k; v] rows
         qkv = linear(h, [f"{p}.self_attn.{x}_proj" for x in "qkv"], f"/{p}/attn/qkv_proj")
         qkv_in = [qkv, "", ""]
@@ -331,8 +304,54 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length", *rope],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
-        outputs += [ok, ov]
-        o = linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
+        return linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
+
+    builder = SimpleNamespace(w=w, init=init, node=node, linear=linear)
+
+    cos, sin = rope_cache(hf_dir, n_pos)
+    if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
+        raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
+                      "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
+    init("cos_cache", cos)
+    init("sin_cache", sin)
+    if any(local):
+        for name, a in zip(("cos_cache_local", "sin_cache_local"), rope_cache(hf_dir, n_pos, local=True)):
+            init(name, a)
+    x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
+             ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
+    if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
+        x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
+                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
+    if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
+        x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
+                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
+    if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
+        seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
+                              init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
+        past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
+                            node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
+        steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
+                     "/pos/Range")
+        node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
+                          "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
+    residual, pending = x, None
+    for i in range(n_layers):
+        p = f"model.layers.{i}"
+        if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
+            if pending is not None:
+                residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
+            h = residual
+        elif pending is None:
+            h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
+        else:
+            ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
+            h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
+                                     [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
+                                     domain="com.microsoft", epsilon=eps)
+        if conv[i]:
+            o = short_conv(builder, h, p, i, hidden)
+        else:
+            o = attention(h, p, i)
         if gemma or post_norms:  # each sublayer's output normed before its residual add
             o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
         if post_norms:
@@ -374,12 +393,21 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     kv_shape = ["batch", n_kv, "past_len", head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"])]
     for i in range(n_layers):
-        inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape) for t in ("key", "value")]
+        if conv[i]:
+            inputs.append(helper.make_tensor_value_info(f"{STATE_IN}{i}", f32, ["batch", hidden, conv_len - 1]))
+        else:
+            inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape)
+                       for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
                helper.make_tensor_value_info("total_sequence_length", i32, [])]
     outs = [helper.make_tensor_value_info("logits", f32, ["batch", "rows", int(head.shape[0])]),
             helper.make_tensor_value_info(HIDDEN_STATES, f32, ["batch", "seq", hidden])]
-    outs += [helper.make_tensor_value_info(n, f32, ["batch", n_kv, "total_len", head_dim]) for n in outputs]
+    for i in range(n_layers):
+        if conv[i]:
+            outs.append(helper.make_tensor_value_info(f"{STATE_OUT}{i}", f32, ["batch", hidden, conv_len - 1]))
+        else:
+            outs += [helper.make_tensor_value_info(f"present.{i}.{t}", f32, ["batch", n_kv, "total_len", head_dim])
+                     for t in ("key", "value")]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("com.microsoft", 1)],

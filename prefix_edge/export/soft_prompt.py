@@ -97,7 +97,9 @@ class SoftPromptRunner:
     """Runs soft-prompt embeddings through the deployed ONNX graph (edited as above)."""
 
     def __init__(self, model_path: Path, past_names: list[str], n_kv_heads: int, head_dim: int,
-                 kv_dtype, hidden_size: int):
+                 kv_dtype, hidden_size: int, states: dict[str, tuple] | None = None):
+        """`states`: a hybrid graph's recurrent state inputs and their shapes (they start at
+        zeros; their outputs follow the KV's in what kv() returns)."""
         import onnx
         import onnxruntime as ort
 
@@ -105,6 +107,8 @@ class SoftPromptRunner:
                                                                                hidden_size)
         self.past_names, self.hidden = list(past_names), hidden_size
         self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
+        self.states = dict(states or {})
+        self.present_names += [n.replace("past_", "present_") for n in self.states]
         self.empty = np.zeros((1, n_kv_heads, 0, head_dim), kv_dtype)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -125,7 +129,8 @@ class SoftPromptRunner:
 
     def kv(self, emb: np.ndarray) -> list[np.ndarray]:
         """The KV of `emb` [V, hidden] at positions 0..V-1, one array per past name
-        ([1, n_kv_heads, V, head_dim], the graph's KV dtype)."""
+        ([1, n_kv_heads, V, head_dim], the graph's KV dtype), then a hybrid's recurrent states
+        after them."""
         emb = np.asarray(emb)
         if emb.ndim != 2 or emb.shape[1] != self.hidden or emb.shape[0] == 0:
             raise PrefixEdgeError(f"soft prompt is {list(emb.shape)}, expected [V >= 1, {self.hidden}]")
@@ -139,6 +144,7 @@ class SoftPromptRunner:
             feeds["input_ids"] = np.zeros((1, n), np.int64)
         feeds = {k: v for k, v in feeds.items() if k in self.inputs}
         feeds.update((name, self.empty) for name in self.past_names)
+        feeds.update((name, np.zeros(shape, np.float32)) for name, shape in self.states.items())
         return self.session.run(self.present_names, feeds)
 
     def close(self) -> None:

@@ -56,6 +56,9 @@ class OnnxHidden:
         for past, present, value in zip(be.past_names, be.present_names, self.buf.values):
             b.bind_ortvalue_input(past, value)
             b.bind_ortvalue_output(present, value)
+        for name, out, shape in zip(be.state_names, be.state_out, be.state_shapes):  # a hybrid's
+            b.bind_cpu_input(name, np.zeros(shape, np.float32))  # the states before any token
+            b.bind_output(out, "cpu")
         try:
             be.session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line

@@ -10,8 +10,15 @@ One session does prefill and decode. A baked prefix is fed as the first `past_ke
   length (positions starting at 0 would give silently wrong logits); each step returns new
   present tensors (past + new, concatenated by the graph).
 
+A hybrid graph (LFM2: export/onnx_hybrid.py) has KV for its attention layers only and, per
+recurrent layer, a state input `past_conv.{i}` and output `present_conv.{i}`: a sequence keeps
+that state after its last token (float32, `self.rec[seq]`), a restore puts it back, and a state
+cannot be cut back to an earlier position (keeps_partial is False, as on llama.cpp).
+
 Prefix file (safetensors): `past_key_values.{i}.key|value` [1, n_kv_heads, P, head_dim] in the
-graph's KV dtype, `prefix_ids` [P] int64, and metadata {fingerprint, task, backend}.
+graph's KV dtype, a hybrid's `past_conv.{i}` [1, hidden, L - 1] float32, `prefix_ids` [P] int64,
+and metadata {fingerprint, task, backend}. A Prefix's `kv` lists the KV arrays in past_names
+order, then the recurrent states in state_names order.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
 from .kv_data import KvData
 
+STATE_IN, STATE_OUT = "past_conv.", "present_conv."  # export/onnx_hybrid.py's names (export is above)
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -81,12 +89,21 @@ class OnnxBackend(OneSequence, KvData):
         if not self.past_names:
             raise PrefixEdgeError(f"{model_path}: not a decoder graph with past_key_values inputs")
         self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
+        self.state_names = sorted((n for n in inputs if n.startswith(STATE_IN)), key=lambda n: int(n.split(".")[1]))
+        self.state_out = [n.replace(STATE_IN, STATE_OUT) for n in self.state_names]
+        self.state_shapes = [(1, *(int(d) for d in inputs[n].shape[1:])) for n in self.state_names]
+        self.rec: dict[int, list[np.ndarray]] = {}  # a hybrid's recurrent states per sequence
+        # the model's layers: attention ones (KV), recurrent ones (a state), or both in one layer
+        self.model_layers = 1 + max(int(n.split(".")[1]) for n in self.past_names + self.state_names)
         first = inputs[self.past_names[0]]
         self.n_layers = len(self.past_names) // 2
         self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
         self.fused = "seqlens_k" in inputs  # the own fused graph: KV extended in place
+        if self.state_names and not self.fused:
+            raise PrefixEdgeError(f"{model_path}: a graph with recurrent states but without the fused "
+                                  "attention inputs (seqlens_k); re-export the bundle")
         if self.fused and device != "cpu":
             raise PrefixEdgeError(f"{model_path}: the fused ONNX graph runs on the CPU; for CUDA export "
                                   "the bundle with --onnx-builder optimum")
@@ -156,6 +173,8 @@ class OnnxBackend(OneSequence, KvData):
         ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
         decoded = prefixfile.decode_kv(tensors, meta, self.past_names, self.kv_dtype, where)
         kv = [decoded[n] for n in self.past_names]
+        prefixfile.require(tensors, self.state_names, where)
+        states = [tensors[n] for n in self.state_names]
         n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids
         want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
         for n, t in zip(self.past_names, kv):
@@ -165,6 +184,13 @@ class OnnxBackend(OneSequence, KvData):
                     f"{np.dtype(self.kv_dtype)}{list(want)}")
             if not values_checked and not np.isfinite(t).all():
                 raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
+        for n, t, shape in zip(self.state_names, states, self.state_shapes):
+            if t.shape != shape or t.dtype != np.float32:
+                raise PrefixEdgeError(f"{where}: recurrent state {n} is {t.dtype}{list(t.shape)}, the model "
+                                      f"needs float32{list(shape)}")
+            if not values_checked and not np.isfinite(t).all():
+                raise PrefixEdgeError(f"{where}: the recurrent state {n} holds NaN or infinite values")
+        kv += states
         return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
 
     def read_prefix_ids(self, path: Path) -> np.ndarray:
@@ -187,7 +213,8 @@ class OnnxBackend(OneSequence, KvData):
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
-        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store)
+        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store,
+                     dict(zip(self.state_names, self.rec.get(self.single_seq, []))))
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
@@ -196,13 +223,27 @@ class OnnxBackend(OneSequence, KvData):
     # by every sequence of that task until its first forward, which returns new present tensors.
     # Sequences run one after another: one row per run keeps every request bit-identical to
     # running alone (see runtime/scheduler.py).
-    keeps_partial = True  # seq_restore can keep a state's first positions (every layer holds all)
+    @property
+    def recurrent_layers(self) -> int:
+        return len(self.state_names)
 
     @property
     def state_layout(self) -> StateLayout:
-        """Every layer's KV holds every position (a sliding layer's window is the graph's mask,
-        not a shorter buffer): a stored state can be cut back anywhere."""
-        return StateLayout(kv_layers=self.n_layers)
+        """Every attention layer's KV holds every position (a sliding layer's window is the
+        graph's mask, not a shorter buffer); a hybrid's recurrent layers hold one state."""
+        return StateLayout(kv_layers=self.n_layers, recurrent_layers=self.recurrent_layers)
+
+    @property
+    def keeps_partial(self) -> bool:
+        """seq_restore can keep a state's first positions: not with a recurrent state."""
+        return self.state_layout.keeps_partial
+
+    def _states(self, prefix: Prefix | None) -> list[np.ndarray]:
+        """A new sequence's recurrent states: the prefix's (copied: a forward replaces them) or
+        zeros (no token yet: the causal conv's own zero padding)."""
+        if prefix is None:
+            return [np.zeros(s, np.float32) for s in self.state_shapes]
+        return [np.array(a, np.float32) for a in prefix.kv[len(self.past_names):]]
 
     def _start(self, prefix: Prefix | None, keep: int | None = None) -> tuple:
         """A new sequence's (past, position): the prefix's KV or none.
@@ -213,6 +254,9 @@ class OnnxBackend(OneSequence, KvData):
         sequence of that prefix takes the home as it is: a task switch copies nothing."""
         n = 0 if prefix is None else prefix.n_tokens
         if keep is not None and keep < n:  # the first positions of a state: views, never a home
+            if self.state_names:
+                raise PrefixEdgeError(f"cannot keep {keep} of a state's {n} positions: its recurrent "
+                                      "layers hold only the state after the last one")
             if keep < 0:
                 raise PrefixEdgeError(f"cannot keep {keep} of a state's {n} positions")
             kv = [t[:, :, :keep] for t in prefix.kv]
@@ -232,7 +276,8 @@ class OnnxBackend(OneSequence, KvData):
                     a[:, :, :n] = kv
                 if homing:
                     prefix.home = (weakref.ref(self), buf)
-                    prefix.kv = [a[:, :, :n] for a in buf.arrays]  # the loaded arrays go
+                    # the loaded KV arrays go (the recurrent states stay: a forward replaces them)
+                    prefix.kv = [a[:, :, :n] for a in buf.arrays] + prefix.kv[len(buf.arrays):]
                     self._homes.append((weakref.ref(prefix), buf))
             return buf, n
         if prefix is not None:
@@ -252,7 +297,12 @@ class OnnxBackend(OneSequence, KvData):
     def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
         """The most host memory a loaded prefix of n_tokens positions holds (its arrays, or
         the fused graph's home buffer of it)."""
-        return self.position_bytes() * (self._home_positions(n_tokens) if self.fused else n_tokens)
+        return self.position_bytes() * (self._home_positions(n_tokens) if self.fused else n_tokens) + \
+            self.state_bytes()
+
+    def state_bytes(self) -> int:
+        """Bytes of a sequence's recurrent states (a hybrid's; fixed, whatever its length)."""
+        return sum(4 * int(np.prod(s)) for s in self.state_shapes)
 
     def spare_info(self) -> dict:
         """Freed KV buffers kept for reuse: their bytes and the bound (SPARE_BYTES, or
@@ -297,11 +347,17 @@ class OnnxBackend(OneSequence, KvData):
         if seq in self.seqs:
             self._recycle(self.seqs[seq][0])
         self.seqs[seq] = self._start(prefix, keep)
+        if self.state_names:
+            self.rec[seq] = self._states(prefix)
         return self.seqs[seq][1]
 
     def seq_copy(self, src: int, dst: int) -> None:
         past, pos = self.seqs[src]
+        if dst in self.seqs:
+            self._recycle(self.seqs[dst][0])
         self.seqs[dst] = (past.resized(pos, self._buffer(past.capacity)) if self.fused else list(past), pos)
+        if self.state_names:
+            self.rec[dst] = [a.copy() for a in self.rec[src]]
 
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
         """Sequence `seq`'s KV now (all its positions) copied out, as a Prefix seq_restore puts
@@ -311,12 +367,15 @@ class OnnxBackend(OneSequence, KvData):
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
+        kv += [a.copy() for a in self.rec.get(seq, [])]
         return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
                       n_virtual=n_virtual, checked_by=self, pin=False)
 
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
-        write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv)),
-                     {**metadata, "n_virtual": str(prefix.n_virtual)})
+        n = len(self.past_names)
+        write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv[:n])),
+                     {**metadata, "n_virtual": str(prefix.n_virtual)}, "f32",
+                     dict(zip(self.state_names, prefix.kv[n:])))
 
     def kv_bytes(self) -> int:
         """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays
@@ -328,11 +387,12 @@ class OnnxBackend(OneSequence, KvData):
                     seen.add(id(t))
                     total += t.nbytes if isinstance(t, np.ndarray) else \
                         int(np.prod(t.shape())) * np.dtype(self.kv_dtype).itemsize
-        return total
+        return total + len(self.seqs) * self.state_bytes()
 
     def seq_free(self, seq: int) -> None:
         if seq in self.seqs:
             self._recycle(self.seqs.pop(seq)[0])
+        self.rec.pop(seq, None)
 
     def forward(self, items: list[tuple]) -> list[np.ndarray]:
         """Each item a graph run of its own: (seq, pos, ids) -> the last position's logits;
@@ -345,7 +405,7 @@ class OnnxBackend(OneSequence, KvData):
             n_rows = min(int(rows[0]), int(np.asarray(ids).size)) if rows else 0
             if n_rows > 1 and not self.verifies:
                 raise PrefixEdgeError("this ONNX graph gives only the last position's logits")
-            logits, past = self._run(past, pos, ids, max(n_rows, 1))
+            logits, past = self._run(past, pos, ids, max(n_rows, 1), seq)
             if logits.shape[0] != max(n_rows, 1):
                 raise PrefixEdgeError(f"the ONNX graph gave {logits.shape[0]} rows of logits, not {n_rows}")
             self.seqs[seq] = (past, pos + int(np.asarray(ids).size))
@@ -358,6 +418,9 @@ class OnnxBackend(OneSequence, KvData):
         past, have = self.seqs[seq]
         if not 0 <= pos <= have:
             raise PrefixEdgeError(f"cannot cut sequence {seq} at {have} back to {pos}")
+        if self.state_names and pos != have:
+            raise PrefixEdgeError(f"cannot cut sequence {seq} at {have} back to {pos}: its recurrent "
+                                  "layers hold only the state after the last token")
         if not self.fused:
             past = [np.ascontiguousarray(np.asarray(v if isinstance(v, np.ndarray) else v.numpy())[:, :, :pos])
                     for v in past]
@@ -366,7 +429,7 @@ class OnnxBackend(OneSequence, KvData):
     def seq_pos(self, seq) -> int:
         return self.seqs[seq][1] if seq in self.seqs else 0
 
-    def _run(self, past: list, pos: int, ids: np.ndarray, rows: int = 1):
+    def _run(self, past: list, pos: int, ids: np.ndarray, rows: int = 1, seq: int | None = None):
         """Append `ids` at `pos` after `past`; return the last `rows` positions' logits
         [rows, n_vocab] and the new past.
 
@@ -380,7 +443,7 @@ class OnnxBackend(OneSequence, KvData):
         if pos + n > self.n_ctx:
             raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
         if self.fused:
-            return self._run_fused(past, pos, ids, rows)
+            return self._run_fused(past, pos, ids, rows, seq)
         b = self.session.io_binding()
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
@@ -401,7 +464,7 @@ class OnnxBackend(OneSequence, KvData):
         out = b.get_outputs()
         return np.array(out[0].numpy()[0, -rows:], dtype=np.float32), out[1:]
 
-    def _run_fused(self, buf: "KvBuffer", pos: int, ids: np.ndarray, rows: int = 1):
+    def _run_fused(self, buf: "KvBuffer", pos: int, ids: np.ndarray, rows: int = 1, seq: int | None = None):
         n = ids.shape[1]
         if pos + n > buf.capacity:
             old = buf
@@ -416,15 +479,23 @@ class OnnxBackend(OneSequence, KvData):
         for past_name, present_name, value in zip(self.past_names, self.present_names, buf.values):
             b.bind_ortvalue_input(past_name, value)
             b.bind_ortvalue_output(present_name, value)  # the same buffer: extended in place
+        states = self.rec.get(seq) if self.state_names else None
+        for name, out, value in zip(self.state_names, self.state_out, states or ()):
+            b.bind_cpu_input(name, value)
+            b.bind_output(out, "cpu")  # a new array: the graph reads the old one to make it
         try:
             self.session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
-        return np.array(b.get_outputs()[0].numpy()[0, -rows:], dtype=np.float32), buf
+        out = b.get_outputs()
+        if states is not None:
+            self.rec[seq] = [np.array(v.numpy(), np.float32) for v in out[len(out) - len(states):]]
+        return np.array(out[0].numpy()[0, -rows:], dtype=np.float32), buf
 
     def close(self) -> None:
         self.session = None
         self.seqs = {}
+        self.rec = {}
         self._spare = []
         self._homes = []
 
@@ -433,6 +504,8 @@ SPARE_BUFFERS, SPARE_BYTES = 2, 128 << 20  # freed buffers kept for reuse
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],
-                 store: str = "f32") -> None:
+                 store: str = "f32", states: dict[str, np.ndarray] | None = None) -> None:
+    """`states`: a hybrid's recurrent states, stored float32 whatever `store` the KV takes."""
     tensors, extra = prefixfile.encode_kv(kv, store)
+    tensors.update({n: np.ascontiguousarray(a, np.float32) for n, a in (states or {}).items()})
     prefixfile.write(path, ids, tensors, {**metadata, **extra, "backend": "onnx"})

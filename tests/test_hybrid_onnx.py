@@ -1,0 +1,211 @@
+"""A hybrid on the own ONNX graph: LFM2 (short-convolution layers beside attention layers;
+export/onnx_hybrid.py), a tiny seeded checkpoint (tests/helpers/families.py) with a chat, a text
+and a PEFT prompt-tuning task, exported once with `--format onnx,gguf --quantize none --gguf-quant f32`:
+- the graph carries each conv layer's state in and out; the engine's state layout says so
+  (three recurrent layers, no cutting back), and a prefix file holds the states beside the KV;
+- fp32 logits match transformers at every position, stepped, chunked and whole
+  (tests/test_families_onnx.py runs the same checks on it), and so do pooled hidden states;
+- the baked prompt-tuning task gives PEFT's own logits on both engines; a prefix-tuning adapter
+  is refused in one line (a recurrent layer has no KV to set);
+- a snapshot restored over another state continues exactly; a conversation's next turn from
+  the prompt cache equals the uncached run; speculative decoding falls back to one token per
+  forward with the same answer; a malformed state in a prefix file is one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+from prefix_edge.errors import PrefixEdgeError
+
+from .helpers.adapters import make_adapter
+from .helpers.families import build_family
+from .helpers.parity import baked_and_prefilled
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("llama_cpp")
+
+N = 8
+TASKS = f'''
+[task.support]
+system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
+max_tokens = {N}
+
+[task.raw]
+kind = "text"
+prefix = "The quick brown fox jumps over the lazy dog. "
+template = "{{input}} =>"
+max_tokens = {N}
+
+[task.soft]
+kind = "peft"
+adapter = "prompt"
+chat = false
+max_tokens = {N}
+'''
+INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
+SYSTEM = ("Answer from this document. The Orion desk lamp ships from Porto in three days; its "
+          "warranty is two years and the shade is aluminium.")
+CONV = [0, 1, 3]  # the helper's layer_types: conv, conv, full_attention, conv
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    """(model, tokenizer, root): the checkpoint, its prompt-tuning adapter and the bundle,
+    exported by the default command's formats."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("lfm2-onnx")
+    model, tok = build_family("lfm2", root / "model")
+    make_adapter(root / "model", "prompt", root / "prompt", seed=3)
+    (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    p = subprocess.run([sys.executable, "-m", "prefix_edge", "export", str(root / "model"), "--tasks",
+                        str(root / "tasks.toml"), "--format", "onnx,gguf", "--quantize", "none",
+                        "--gguf-quant", "f32", "--out", str(root / "bundle")], capture_output=True, text=True, cwd=root,
+                       env={**os.environ, "PREFIX_EDGE_HOME": str(root / "home")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return model, tok, root
+
+
+def test_state_layout_and_prefix_file(lfm2):
+    from prefix_edge.bundle import prefixfile
+
+    _, _, root = lfm2
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        assert be.state_names == [f"past_conv.{i}" for i in CONV] and be.state_shapes == [(1, 64, 2)] * 3
+        assert be.past_names == ["past_key_values.2.key", "past_key_values.2.value"]
+        lay = be.state_layout
+        assert (lay.kv_layers, lay.recurrent_layers, be.keeps_partial, rt.prompts.partial) == (1, 3, False, False)
+        tensors, _ = prefixfile.read(root / "bundle" / "tasks" / "raw.onnx.safetensors")
+        prefix, _ = rt.prefixes.get("raw")
+        for i, name in enumerate(be.state_names):
+            state = tensors[name]
+            assert state.shape == (1, 64, 2) and state.dtype == np.float32 and np.abs(state).max() > 0
+            np.testing.assert_array_equal(prefix.kv[2 + i], state)
+        assert tensors["past_key_values.2.key"].shape == (1, 2, prefix.n_tokens, 16)
+
+
+def test_pooled_hidden_states_match_transformers(lfm2):
+    import torch
+
+    model, tok, root = lfm2
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        for text in INPUTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            got = rt.embed([ids], pooling="mean", normalize=False)[0]
+            with torch.no_grad():
+                want = model.model(torch.tensor([ids])).last_hidden_state[0].mean(0).numpy()
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-4, err_msg=text)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_baked_prompt_tuning_is_peft(lfm2, backend):
+    """PEFT's prompt tuning on LFM2 (virtual tokens through the conv layers too): the baked
+    task's first-step logits are PEFT's own (ONNX fp32 to 1e-4; llama.cpp with f32 weights and
+    its F16 KV cache within 1e-2, measured 8e-4), the same greedy token."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, tok, root = lfm2
+    pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(root / "model")).eval(),
+                                   str(root / "prompt")).eval()
+    with Runtime.open(root / "bundle", backend=backend) as rt:
+        prefix, _ = rt.prefixes.get("soft")
+        assert prefix.n_virtual == 4
+        for text in INPUTS:
+            ids = tok.encode(text, add_special_tokens=False)
+            with torch.no_grad():
+                cur = torch.tensor([ids])
+                want = pm(input_ids=cur, attention_mask=torch.ones_like(cur)).logits[0, -1].numpy()
+            rt.backend.begin(prefix)
+            got = rt.backend.prefill(np.array(ids, np.int64))
+            assert np.abs(got - want).max() <= (1e-4 if backend == "onnx" else 1e-2), (backend, text)
+            assert got.argmax() == want.argmax(), (backend, text)
+
+
+def test_prefix_tuning_is_refused_in_one_line(lfm2, tmp_path):
+    from prefix_edge.export.build import export_bundle
+
+    _, _, root = lfm2
+    make_adapter(root / "model", "prefix", tmp_path / "prefix", seed=4)
+    (tmp_path / "tasks.toml").write_text('[task.tuned]\nkind = "peft"\nadapter = "prefix"\nchat = false\n',
+                                         encoding="utf-8")
+    with pytest.raises(PrefixEdgeError, match="3 recurrent layers keep a state, not a KV") as e:
+        export_bundle(root / "model", tmp_path / "tasks.toml", tmp_path / "bundle", formats=("onnx",),
+                      quantize="none", progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_baked_prefixes_and_restore(lfm2):
+    """baked == prefilled on both engines; on ONNX a snapshot restored over another sequence's
+    state continues exactly, and cannot be cut to its first positions."""
+    _, _, root = lfm2
+    for backend in ("onnx", "gguf"):
+        with Runtime.open(root / "bundle", backend=backend) as rt:
+            for task in ("support", "raw"):
+                for text in INPUTS:
+                    baked, full = baked_and_prefilled(rt, task, text)
+                    assert np.max(np.abs(baked - full)) < 1e-5, (backend, task, text)
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        prefix, _ = rt.prefixes.get("raw")
+        ids = rt.encode_input("raw", INPUTS[0])
+        be.begin(prefix)
+        be.prefill(ids)
+        n = be.seq_pos(be.single_seq)
+        snap = be.seq_snapshot(be.single_seq, np.concatenate([prefix.ids, ids]))
+        want = be.step(7)
+        be.begin(None)
+        be.prefill(rt.encode_input("raw", INPUTS[1]))  # another state in the sequence's place
+        assert be.seq_restore(be.single_seq, snap) == n
+        be.pos = n
+        np.testing.assert_array_equal(be.step(7), want)
+        with pytest.raises(PrefixEdgeError, match=f"cannot keep 5 of a state's {n} positions"):
+            be.seq_restore(be.single_seq, snap, keep=5)
+        with pytest.raises(PrefixEdgeError, match="recurrent layers hold only the state after the last token"):
+            be.seq_truncate(be.single_seq, n - 1)
+
+
+def test_next_turn_from_the_prompt_cache_and_speculative_fallback(lfm2):
+    _, _, root = lfm2
+    with Runtime.open(root / "bundle", backend="onnx", prefill_chunk=16) as rt:
+        turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How long is the warranty?"}]
+        first = rt.generate(None, messages=turn, max_tokens=6)
+        turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Where from?"}]
+        got = rt.generate(None, messages=turn, max_tokens=6, logprobs=2)
+        ref = rt.generate(None, messages=turn, max_tokens=6, logprobs=2, use_prompt_cache=False)
+        assert got.tokens == ref.tokens and got.logprobs == ref.logprobs
+        assert got.stats.cached_tokens >= first.stats.input_tokens > 0
+        for text in INPUTS:  # the state cannot be cut back: one token per forward, the same answer
+            a = rt.generate("raw", text, max_tokens=N, speculative="lookup")
+            b = rt.generate("raw", text, max_tokens=N)
+            assert a.tokens == b.tokens and len(a.tokens) > 0, text
+
+
+def test_a_malformed_state_is_refused_in_one_line(lfm2):
+    from prefix_edge.bundle import prefixfile
+
+    _, _, root = lfm2
+    path = root / "bundle" / "tasks" / "raw.onnx.safetensors"
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        tensors, meta = prefixfile.read(path)
+        name = be.state_names[1]
+        nan = tensors[name].copy()
+        nan[0, 3, 1] = np.nan
+        cases = {
+            "missing": ({k: v for k, v in tensors.items() if k != name}, name),
+            "shape": ({**tensors, name: tensors[name][:, :, :1].copy()}, "needs float32\\[1, 64, 2\\]"),
+            "dtype": ({**tensors, name: tensors[name].astype(np.float16)}, "needs float32"),
+            "NaN": ({**tensors, name: nan}, "NaN or infinite"),
+        }
+        for what, (bad, message) in cases.items():
+            with pytest.raises(PrefixEdgeError, match=message) as e:
+                be.prefix_from(bad, meta, str(path))
+            assert "\n" not in str(e.value), what
+        assert len(rt.generate("raw", INPUTS[0], max_tokens=4).tokens) > 0
