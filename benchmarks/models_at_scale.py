@@ -1,5 +1,5 @@
 """The runtime at the sizes people deploy: random-weight checkpoints with the published configs
-of Qwen3-0.6B, Llama-3.2-1B and LFM2-1.2B (a hybrid: GGUF only) (speed and memory do not depend on the weights' values),
+of Qwen3-0.6B, Llama-3.2-1B and LFM2-1.2B (a hybrid) (speed and memory do not depend on the weights' values),
 exported as a user would (ONNX int4 through the own graph, GGUF Q4_1 through llama.cpp's
 converter), then `prefix-edge bench` on each bundle (TTFT with a prefix baked vs prefilled at
 P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
@@ -41,7 +41,7 @@ CONFIGS = {
             "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
             "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
     # LiquidAI/LFM2-1.2B's shape (16 blocks: 10 short-convolution, 6 GQA at 2, 5, 8, 10, 12, 14;
-    # block_ff_dim 12288 auto-adjusted to 8192): a hybrid, GGUF only (FORMATS)
+    # block_ff_dim 12288 auto-adjusted to 8192): a hybrid
     "lfm2-1.2b": {
         "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 2048,
         "intermediate_size": 12288, "block_ff_dim": 12288, "block_auto_adjust_ff_dim": True,
@@ -51,8 +51,8 @@ CONFIGS = {
         "tie_word_embeddings": True, "vocab_size": 65536,
         "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]},
 }
-# the export formats where not both: the hybrids have no own ONNX graph yet (docs/models.md)
-FORMATS = {"lfm2-1.2b": "gguf"}
+# the export formats where not both (none now: the own ONNX graph builds the hybrids too)
+FORMATS: dict[str, str] = {}
 TASKS = '''
 [task.support]
 system = """You answer questions about storage plans, billing, devices and sync. Be brief."""

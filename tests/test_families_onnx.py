@@ -4,7 +4,8 @@ OLMo 2 (post-norms, q/k norms over the whole projection), EXAONE 4.0 (per-head q
 post-norms; as the family helper builds it, and a 4-layer one with a window of 8 whose last layer
 is global and has no RoPE), Hunyuan dense (per-head q/k norms after the rotary; with the NTK-alpha
 dynamic RoPE real checkpoints ship), ERNIE 4.5 (interleaved rotary, biases everywhere) and the
-hybrid LFM2 (short-convolution layers with their state in and out, per-head q/k norms):
+hybrids LFM2 (short-convolution layers), Granite 4.0-H (Mamba2 layers, attention without RoPE)
+and Falcon-H1 (Mamba2 beside attention in every layer, its μP multipliers set, two groups):
 - fp32 logits at every position match transformers to 1e-4, stepped one token at a time, in
   chunks and as one prefill, and the greedy tokens agree;
 - a baked chat prefix and a baked text prefix give the first-step logits (1e-5) and the greedy
@@ -19,7 +20,7 @@ import pytest
 
 from prefix_edge import Runtime
 
-from .helpers.families import build_family
+from .helpers.families import FALCON_MUP, build_family
 from .helpers.parity import baked_and_prefilled
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,10 @@ CASES = {
     "exaone4-window": ("exaone4", dict(num_hidden_layers=4, sliding_window=8)),
     "hunyuan": ("hunyuan", dict(rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})),
     "ernie4_5": ("ernie4_5", {}),
-    "lfm2": ("lfm2", {}),  # a hybrid: conv layers' states in and out (tests/test_hybrid_onnx.py)
+    # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
+    "lfm2": ("lfm2", {}),
+    "granitehybrid": ("granitehybrid", {}),
+    "falconh1": ("falconh1", dict(FALCON_MUP, mamba_n_groups=2, mamba_norm_before_gate=True)),
 }
 _BUILT: dict = {}
 

@@ -180,21 +180,6 @@ def test_a_malformed_recurrent_state_is_refused_in_one_line(tmp_path_factory):
 
 
 @pytest.mark.integration
-def test_default_export_names_the_format_that_works(tmp_path_factory):
-    """The own ONNX graph does not build the Mamba2 hybrids yet: the default export (onnx,gguf)
-    of a Granite 4.0-H says so in one line, naming --format gguf (LFM2 builds:
-    tests/test_hybrid_onnx.py)."""
-    from prefix_edge.export.build import export_bundle
-
-    hf_dir, _, _ = _exported("granitehybrid", tmp_path_factory)
-    root = tmp_path_factory.mktemp("granitehybrid-default")
-    (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
-    with pytest.raises(PrefixEdgeError, match=r"does not know GraniteMoeHybridForCausalLM.*export with --format gguf") as e:
-        export_bundle(hf_dir, root / "tasks.toml", root / "bundle", quantize="none", progress=False)
-    assert "\n" not in str(e.value)
-
-
-@pytest.mark.integration
 def test_a_model_llama_cpp_asserts_on_is_one_error_line(tmp_path):
     """num_experts_per_tok left at its default beside num_local_experts = 0: llama.cpp's
     GGML_ASSERT(n_expert_used_max <= n_expert) aborts its process; here quantizing and the first

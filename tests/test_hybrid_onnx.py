@@ -1,8 +1,11 @@
-"""A hybrid on the own ONNX graph: LFM2 (short-convolution layers beside attention layers;
-export/onnx_hybrid.py), a tiny seeded checkpoint (tests/helpers/families.py) with a chat, a text
-and a PEFT prompt-tuning task, exported once with `--format onnx,gguf --quantize none --gguf-quant f32`:
-- the graph carries each conv layer's state in and out; the engine's state layout says so
-  (three recurrent layers, no cutting back), and a prefix file holds the states beside the KV;
+"""Hybrids on the own ONNX graph (export/onnx_hybrid.py): LFM2 (short-convolution layers beside
+attention layers), Granite 4.0-H (Mamba2 layers beside attention layers without RoPE) and
+Falcon-H1 (a Mamba2 mixer beside attention in every layer, its μP multipliers set), each a
+tiny seeded checkpoint (tests/helpers/families.py) with a chat, a text and a PEFT prompt-tuning
+task, exported once with `--format onnx,gguf --quantize none --gguf-quant f32`:
+- the graph carries each recurrent layer's states in and out (a conv window; Mamba2's SSM state
+  too); the engine's state layout says so (three recurrent layers, no cutting back), and a
+  prefix file holds the states beside the KV; a Mamba2 graph's long prefill runs in pieces;
 - fp32 logits match transformers at every position, stepped, chunked and whole
   (tests/test_families_onnx.py runs the same checks on it), and so do pooled hidden states;
 - the baked prompt-tuning task gives PEFT's own logits on both engines; a prefix-tuning adapter
@@ -20,7 +23,7 @@ from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 
 from .helpers.adapters import make_adapter
-from .helpers.families import build_family
+from .helpers.families import FALCON_MUP, build_family
 from .helpers.parity import baked_and_prefilled
 
 pytestmark = pytest.mark.integration
@@ -47,19 +50,31 @@ max_tokens = {N}
 INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
 SYSTEM = ("Answer from this document. The Orion desk lamp ships from Porto in three days; its "
           "warranty is two years and the shade is aluminium.")
-CONV = [0, 1, 3]  # the helper's layer_types: conv, conv, full_attention, conv
+# kind -> its states (LFM2's and Granite 4.0-H's layers: recurrent, recurrent, attention,
+# recurrent; Falcon-H1's two layers: both), its attention layers and config overrides
+STATES = {
+    "lfm2": {f"past_conv.{i}": (1, 64, 2) for i in (0, 1, 3)},
+    "granitehybrid": {n: s for i in (0, 1, 3) for n, s in ((f"past_conv.{i}", (1, 160, 3)),
+                                                             (f"past_ssm.{i}", (1, 4, 32, 16)))},
+    "falconh1": {n: s for i in (0, 1) for n, s in ((f"past_conv.{i}", (1, 96, 3)),
+                                                     (f"past_ssm.{i}", (1, 4, 16, 16)))},
+}
+ATTENTION = {"lfm2": [2], "granitehybrid": [2], "falconh1": [0, 1]}
+# (the embedding multiplier left at 1: PEFT's inputs_embeds skip it; test_falcon_h1_prompt_tuning...)
+OVERRIDES = {"falconh1": dict(FALCON_MUP, embedding_multiplier=1.0)}
 
 
-@pytest.fixture(scope="module")
-def lfm2(tmp_path_factory):
-    """(model, tokenizer, root): the checkpoint, its prompt-tuning adapter and the bundle,
+@pytest.fixture(scope="module", params=list(STATES))
+def hybrid(request, tmp_path_factory):
+    """(model, tokenizer, root, kind): the checkpoint, its prompt-tuning adapter and the bundle,
     exported by the default command's formats."""
     import os
     import subprocess
     import sys
 
-    root = tmp_path_factory.mktemp("lfm2-onnx")
-    model, tok = build_family("lfm2", root / "model")
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"{kind}-onnx")
+    model, tok = build_family(kind, root / "model", **OVERRIDES.get(kind, {}))
     make_adapter(root / "model", "prompt", root / "prompt", seed=3)
     (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
     p = subprocess.run([sys.executable, "-m", "prefix_edge", "export", str(root / "model"), "--tasks",
@@ -67,32 +82,34 @@ def lfm2(tmp_path_factory):
                         "--gguf-quant", "f32", "--out", str(root / "bundle")], capture_output=True, text=True, cwd=root,
                        env={**os.environ, "PREFIX_EDGE_HOME": str(root / "home")})
     assert p.returncode == 0, p.stderr[-2000:]
-    return model, tok, root
+    return model, tok, root, kind
 
 
-def test_state_layout_and_prefix_file(lfm2):
+def test_state_layout_and_prefix_file(hybrid):
     from prefix_edge.bundle import prefixfile
 
-    _, _, root = lfm2
+    _, _, root, kind = hybrid
     with Runtime.open(root / "bundle", backend="onnx") as rt:
         be = rt.backend
-        assert be.state_names == [f"past_conv.{i}" for i in CONV] and be.state_shapes == [(1, 64, 2)] * 3
-        assert be.past_names == ["past_key_values.2.key", "past_key_values.2.value"]
+        assert dict(zip(be.state_names, be.state_shapes)) == STATES[kind]
+        assert be.past_names == [f"past_key_values.{i}.{t}" for i in ATTENTION[kind] for t in ("key", "value")]
+        assert be.piece == (None if kind == "lfm2" else 256)
         lay = be.state_layout
-        assert (lay.kv_layers, lay.recurrent_layers, be.keeps_partial, rt.prompts.partial) == (1, 3, False, False)
+        assert (lay.kv_layers, lay.recurrent_layers) == (len(ATTENTION[kind]), len({n.split(".")[1] for n in STATES[kind]}))
+        assert (be.keeps_partial, rt.prompts.partial, be.model_layers) == (False, False, 2 if kind == "falconh1" else 4)
         tensors, _ = prefixfile.read(root / "bundle" / "tasks" / "raw.onnx.safetensors")
         prefix, _ = rt.prefixes.get("raw")
         for i, name in enumerate(be.state_names):
             state = tensors[name]
-            assert state.shape == (1, 64, 2) and state.dtype == np.float32 and np.abs(state).max() > 0
-            np.testing.assert_array_equal(prefix.kv[2 + i], state)
-        assert tensors["past_key_values.2.key"].shape == (1, 2, prefix.n_tokens, 16)
+            assert state.shape == STATES[kind][name] and state.dtype == np.float32 and np.abs(state).max() > 0
+            np.testing.assert_array_equal(prefix.kv[len(be.past_names) + i], state)
+        assert tensors[be.past_names[0]].shape == (1, 2, prefix.n_tokens, 16)
 
 
-def test_pooled_hidden_states_match_transformers(lfm2):
+def test_pooled_hidden_states_match_transformers(hybrid):
     import torch
 
-    model, tok, root = lfm2
+    model, tok, root, kind = hybrid
     with Runtime.open(root / "bundle", backend="onnx") as rt:
         for text in INPUTS:
             ids = tok.encode(text, add_special_tokens=False)
@@ -103,7 +120,7 @@ def test_pooled_hidden_states_match_transformers(lfm2):
 
 
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
-def test_baked_prompt_tuning_is_peft(lfm2, backend):
+def test_baked_prompt_tuning_is_peft(hybrid, backend):
     """PEFT's prompt tuning on LFM2 (virtual tokens through the conv layers too): the baked
     task's first-step logits are PEFT's own (ONNX fp32 to 1e-4; llama.cpp with f32 weights and
     its F16 KV cache within 1e-2, measured 8e-4), the same greedy token."""
@@ -111,7 +128,7 @@ def test_baked_prompt_tuning_is_peft(lfm2, backend):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    _, tok, root = lfm2
+    _, tok, root, kind = hybrid
     pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(root / "model")).eval(),
                                    str(root / "prompt")).eval()
     with Runtime.open(root / "bundle", backend=backend) as rt:
@@ -128,23 +145,24 @@ def test_baked_prompt_tuning_is_peft(lfm2, backend):
             assert got.argmax() == want.argmax(), (backend, text)
 
 
-def test_prefix_tuning_is_refused_in_one_line(lfm2, tmp_path):
+def test_prefix_tuning_is_refused_in_one_line(hybrid, tmp_path):
     from prefix_edge.export.build import export_bundle
 
-    _, _, root = lfm2
+    _, _, root, kind = hybrid
     make_adapter(root / "model", "prefix", tmp_path / "prefix", seed=4)
     (tmp_path / "tasks.toml").write_text('[task.tuned]\nkind = "peft"\nadapter = "prefix"\nchat = false\n',
                                          encoding="utf-8")
-    with pytest.raises(PrefixEdgeError, match="3 recurrent layers keep a state, not a KV") as e:
+    n = len({n.split(".")[1] for n in STATES[kind]})
+    with pytest.raises(PrefixEdgeError, match=f"{n} recurrent layers keep a state, not a KV") as e:
         export_bundle(root / "model", tmp_path / "tasks.toml", tmp_path / "bundle", formats=("onnx",),
                       quantize="none", progress=False)
     assert "\n" not in str(e.value)
 
 
-def test_baked_prefixes_and_restore(lfm2):
+def test_baked_prefixes_and_restore(hybrid):
     """baked == prefilled on both engines; on ONNX a snapshot restored over another sequence's
     state continues exactly, and cannot be cut to its first positions."""
-    _, _, root = lfm2
+    _, _, root, kind = hybrid
     for backend in ("onnx", "gguf"):
         with Runtime.open(root / "bundle", backend=backend) as rt:
             for task in ("support", "raw"):
@@ -171,8 +189,8 @@ def test_baked_prefixes_and_restore(lfm2):
             be.seq_truncate(be.single_seq, n - 1)
 
 
-def test_next_turn_from_the_prompt_cache_and_speculative_fallback(lfm2):
-    _, _, root = lfm2
+def test_next_turn_from_the_prompt_cache_and_speculative_fallback(hybrid):
+    _, _, root, kind = hybrid
     with Runtime.open(root / "bundle", backend="onnx", prefill_chunk=16) as rt:
         turn = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "How long is the warranty?"}]
         first = rt.generate(None, messages=turn, max_tokens=6)
@@ -187,10 +205,10 @@ def test_next_turn_from_the_prompt_cache_and_speculative_fallback(lfm2):
             assert a.tokens == b.tokens and len(a.tokens) > 0, text
 
 
-def test_a_malformed_state_is_refused_in_one_line(lfm2):
+def test_a_malformed_state_is_refused_in_one_line(hybrid):
     from prefix_edge.bundle import prefixfile
 
-    _, _, root = lfm2
+    _, _, root, kind = hybrid
     path = root / "bundle" / "tasks" / "raw.onnx.safetensors"
     with Runtime.open(root / "bundle", backend="onnx") as rt:
         be = rt.backend
@@ -200,7 +218,7 @@ def test_a_malformed_state_is_refused_in_one_line(lfm2):
         nan[0, 3, 1] = np.nan
         cases = {
             "missing": ({k: v for k, v in tensors.items() if k != name}, name),
-            "shape": ({**tensors, name: tensors[name][:, :, :1].copy()}, "needs float32\\[1, 64, 2\\]"),
+            "shape": ({**tensors, name: tensors[name][:, :, :1].copy()}, "needs float32\\[1, "),
             "dtype": ({**tensors, name: tensors[name].astype(np.float16)}, "needs float32"),
             "NaN": ({**tensors, name: nan}, "NaN or infinite"),
         }
@@ -209,3 +227,48 @@ def test_a_malformed_state_is_refused_in_one_line(lfm2):
                 be.prefix_from(bad, meta, str(path))
             assert "\n" not in str(e.value), what
         assert len(rt.generate("raw", INPUTS[0], max_tokens=4).tokens) > 0
+
+
+def test_a_long_prefill_in_pieces_is_the_whole_run(hybrid):
+    """A Mamba2 graph's forward of more than SSM_CHUNK tokens runs in pieces (its closed form
+    holds [heads, n, n] terms): 200 tokens give transformers' logits whole and in pieces of 7
+    (the tiny model's context is 256 positions)."""
+    import torch
+
+    model, tok, root, kind = hybrid
+    ids = np.random.default_rng(1).integers(0, len(tok), 200)
+    with torch.no_grad():
+        want = model(torch.tensor(ids[None])).logits[0, -1].numpy()
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        for piece in ([be.piece, 7] if be.piece else [None]):  # (LFM2's graph: no pieces)
+            be.piece = piece
+            be.begin(None)
+            got = be.prefill(ids)
+            assert np.abs(got - want).max() <= 1e-4, (kind, piece)
+
+
+def test_experts_are_refused_in_one_line(tmp_path):
+    """The own graph builds the dense Granite 4.0-H; an MoE variant (num_local_experts > 0) is
+    refused before any weight is read into the graph, naming the way out."""
+    from prefix_edge.export.onnx_graph import build_onnx
+
+    build_family("granitehybrid", tmp_path / "model", num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(PrefixEdgeError, match=r"no experts \(num_local_experts 4\).*--format gguf") as e:
+        build_onnx(tmp_path / "model", tmp_path / "out")
+    assert "\n" not in str(e.value) and not (tmp_path / "out" / "model.onnx").exists()
+
+
+def test_falcon_h1_prompt_tuning_with_an_embedding_multiplier_is_refused(tmp_path):
+    """FalconH1Model multiplies embed_tokens(input_ids) by embedding_multiplier but not
+    inputs_embeds, which is what PEFT passes it: a prompt-tuning adapter then ran on unscaled
+    text embeddings, which no deployed model computes. Refused in one line at export."""
+    from prefix_edge.export.build import export_bundle
+
+    build_family("falconh1", tmp_path / "model", **FALCON_MUP)
+    make_adapter(tmp_path / "model", "prompt", tmp_path / "prompt", seed=3)
+    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    with pytest.raises(PrefixEdgeError, match=r"skip the model's embedding_multiplier \(5.66\)") as e:
+        export_bundle(tmp_path / "model", tmp_path / "tasks.toml", tmp_path / "bundle", formats=("onnx",),
+                      quantize="none", progress=False)
+    assert "\n" not in str(e.value)

@@ -8,6 +8,7 @@ that deployed model → manifest (written last) → atomic rename.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -210,8 +211,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     check_task_defaults(specs, rt_tok, info.vocab_size, info.eos_token_ids)
     adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
     base_names = [model.name, str(model), _config_name(hf_dir)]
+    config = json.loads((hf_dir / "config.json").read_text())
     for a in adapters.values():
-        check_adapter(a, info, base_names, st.warn)
+        check_adapter(a, info, base_names, st.warn, config)
     ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx,
                             adapters[name].n_virtual if name in adapters else 0)
            for name, r in rendered.items()}

@@ -48,7 +48,12 @@ Supported, each checked against transformers (tests/test_architectures.py):
 - Ernie4_5ForCausalLM: interleaved rotary (pairs 2i, 2i+1), use_bias on every projection;
 - Lfm2ForCausalLM (a hybrid): short-convolution layers beside attention layers with per-head
   q/k norms; a conv layer's state is a graph input and output (`past_conv.{i}` /
-  `present_conv.{i}`, export/onnx_hybrid.py), and only attention layers have past_key_values.
+  `present_conv.{i}`, export/onnx_hybrid.py), and only attention layers have past_key_values;
+- GraniteMoeHybridForCausalLM (Granite 4.0-H, dense): Mamba2 layers (conv window and SSM state
+  in and out: `past_conv.{i}`, `past_ssm.{i}`) beside attention layers without RoPE (nope),
+  Granite's multipliers folded as for Granite 3.x, the shared MLP as the gated MLP;
+- FalconH1ForCausalLM: a Mamba2 mixer beside attention in every layer (outputs summed), its μP
+  multipliers folded into the weights.
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
@@ -64,12 +69,13 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .onnx_hybrid import LFM2, STATE_IN, STATE_OUT, lfm2_layers, lfm2_weights, short_conv
+from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT, falcon_h1_weights,
+                          granite_h_layers, lfm2_layers, lfm2_weights, mamba2, short_conv)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
-                 LFM2)
+                 LFM2, GRANITE_H, FALCON_H1)
 POST_NORMS = ("Olmo2ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
@@ -196,15 +202,28 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
         arch, ("q_norm", "k_norm"))
     conv = [False] * n_layers  # LFM2's short-convolution layers (a state, no KV)
+    mamba, hc = [False] * n_layers, None  # Granite 4.0-H's Mamba2 layers (two states, no KV)
+    states: dict[int, list[tuple[str, str, list[int]]]] = {}  # layer -> its states (in, out, shape)
     if arch == LFM2:
         conv, eps = lfm2_layers(hf_dir), float(cfg.get("norm_eps", 1e-5))
         lfm2_weights(w, conv)
-        conv_len = int(cfg.get("conv_L_cache", 3))
+        width = int(cfg.get("conv_L_cache", 3)) - 1
+        states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [hidden, width])] for i in range(n_layers) if conv[i]}
+    if arch in (GRANITE_H, FALCON_H1):
+        mamba, hc = granite_h_layers(hf_dir, w) if arch == GRANITE_H else ([True] * n_layers, falcon_h1_weights(hf_dir, w))
+        nh, ds = int(hc.mamba_n_heads), int(hc.mamba_d_state)
+        inner = int(hc.mamba_expand * hidden) if getattr(hc, "mamba_d_ssm", None) is None else int(hc.mamba_d_ssm)
+        conv_dim = inner + 2 * int(hc.mamba_n_groups) * ds
+        states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [conv_dim, int(hc.mamba_d_conv) - 1]),
+                      (f"{SSM_IN}{i}", f"{SSM_OUT}{i}", [nh, int(hc.mamba_d_head), ds])]
+                  for i in range(n_layers) if mamba[i]}
     post_norms = arch in POST_NORMS
-    granite = arch == "GraniteForCausalLM"
+    granite = arch in ("GraniteForCausalLM", GRANITE_H)
     rope_on = [True] * n_layers
     if arch == "SmolLM3ForCausalLM":
         rope_on = [bool(v) for v in cfg.get("no_rope_layers") or [1] * n_layers]
+    if arch == GRANITE_H:  # attention without RoPE unless the config says "rope"
+        rope_on = [hc.position_embedding_type != "nope"] * n_layers
     attn_scale = float(cfg["attention_multiplier"]) if granite else float(head_dim) ** -0.5
     windows = [window] * n_layers  # GQA's local_window_size per layer (-1: none)
     local = [False] * n_layers  # the layer uses the local RoPE cache (Gemma 3's sliding layers)
@@ -238,8 +257,9 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
     if res_mult != 1.0:  # x + r * (h @ W^T) = x + h @ (r W)^T
         for i in range(n_layers):
-            for k in ("self_attn.o_proj", "mlp.down_proj"):
-                w[f"model.layers.{i}.{k}.weight"] = w[f"model.layers.{i}.{k}.weight"] * np.float32(res_mult)
+            for k in ("self_attn.o_proj", "mamba.out_proj", "mlp.down_proj"):
+                if f"model.layers.{i}.{k}.weight" in w:
+                    w[f"model.layers.{i}.{k}.weight"] = w[f"model.layers.{i}.{k}.weight"] * np.float32(res_mult)
 
     inits, nodes = [], []
 
@@ -308,12 +328,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
 
     builder = SimpleNamespace(w=w, init=init, node=node, linear=linear)
 
-    cos, sin = rope_cache(hf_dir, n_pos)
-    if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
-        raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
-                      "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
-    init("cos_cache", cos)
-    init("sin_cache", sin)
+    if any(rope_on) or qk_norm == "after_rope":  # (a model without RoPE layers has no caches)
+        cos, sin = rope_cache(hf_dir, n_pos)
+        if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
+            raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
+                          "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
+        init("cos_cache", cos)
+        init("sin_cache", sin)
     if any(local):
         for name, a in zip(("cos_cache_local", "sin_cache_local"), rope_cache(hf_dir, n_pos, local=True)):
             init(name, a)
@@ -322,7 +343,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
         x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
                  ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
-    if granite and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
+    if (granite or arch == FALCON_H1) and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
         x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
                  ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
     if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
@@ -350,6 +371,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                                      domain="com.microsoft", epsilon=eps)
         if conv[i]:
             o = short_conv(builder, h, p, i, hidden)
+        elif arch == FALCON_H1:  # both mixers on the same normed input, summed
+            o = node("Add", [mamba2(builder, h, p, i, hc, eps), attention(h, p, i)], [f"/{p}/mixers"], f"/{p}/Add_mixers")
+        elif mamba[i]:
+            o = mamba2(builder, h, p, i, hc, eps)
         else:
             o = attention(h, p, i)
         if gemma or post_norms:  # each sublayer's output normed before its residual add
@@ -393,9 +418,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     kv_shape = ["batch", n_kv, "past_len", head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"])]
     for i in range(n_layers):
-        if conv[i]:
-            inputs.append(helper.make_tensor_value_info(f"{STATE_IN}{i}", f32, ["batch", hidden, conv_len - 1]))
-        else:
+        inputs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for name, _, shape in states.get(i, [])]
+        if not mamba[i] and not conv[i] or arch == FALCON_H1:
             inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape)
                        for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
@@ -403,9 +427,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     outs = [helper.make_tensor_value_info("logits", f32, ["batch", "rows", int(head.shape[0])]),
             helper.make_tensor_value_info(HIDDEN_STATES, f32, ["batch", "seq", hidden])]
     for i in range(n_layers):
-        if conv[i]:
-            outs.append(helper.make_tensor_value_info(f"{STATE_OUT}{i}", f32, ["batch", hidden, conv_len - 1]))
-        else:
+        outs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for _, name, shape in states.get(i, [])]
+        if not mamba[i] and not conv[i] or arch == FALCON_H1:
             outs += [helper.make_tensor_value_info(f"present.{i}.{t}", f32, ["batch", n_kv, "total_len", head_dim])
                      for t in ("key", "value")]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])

@@ -105,10 +105,18 @@ def read_adapter(spec: TaskSpec) -> Adapter:
 
 
 def check_adapter(a: Adapter, m: ModelInfo, base_names: list[str],
-                  warn: Callable[[str], None]) -> None:
-    """Does the adapter fit the base model? A mismatch is an error naming both sides; a
-    different `base_model_name_or_path` only a warning (names differ across copies)."""
+                  warn: Callable[[str], None], config: dict | None = None) -> None:
+    """Does the adapter fit the base model (`config`: its config.json)? A mismatch is an error
+    naming both sides; a different `base_model_name_or_path` only a warning (names differ
+    across copies)."""
     c = a.config
+    mult = float((config or {}).get("embedding_multiplier", 1.0))
+    if not a.is_kv and (config or {}).get("model_type") == "falcon_h1" and mult != 1.0:
+        # FalconH1Model scales embed_tokens(input_ids) only, never inputs_embeds, which PEFT passes
+        raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is {a.peft_type}: PEFT gives Falcon-H1 "
+                              f"its text as inputs_embeds, which skip the model's embedding_multiplier "
+                              f"({mult:g}), so what it trained is not this model on the text; a bundle "
+                              "cannot give its answers")
 
     def fits(key: str, got, want, what: str) -> None:
         if got is not None and got != want:

@@ -1,5 +1,4 @@
-"""Tiny seeded random models of the 2025-26 on-device families that llama.cpp runs and the own
-ONNX graph does not build yet: the hybrids LFM2 (short-convolution blocks + attention),
+"""Tiny seeded random models of the 2025-26 on-device families: the hybrids LFM2 (short-convolution blocks + attention),
 Granite 4.0-H (Mamba2 + attention, dense MLP) and Falcon-H1 (Mamba2 beside attention in every
 layer), and the dense EXAONE 4.0, Hunyuan dense and OLMo 2, plus a Gemma 3 whose every layer
 slides. Each in its published config's shape (hidden 64, 4 heads, 2 KV heads), with the byte-level
@@ -47,6 +46,11 @@ FAMILIES = {
         layer_types=["sliding_attention"] * 2, query_pre_attn_scalar=16, tie_word_embeddings=True,
         rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh"), 0),
 }
+# Falcon-H1's μP multipliers in the range its published configs use (the helper's config leaves
+# them at 1.0): the own ONNX graph folds each into the weights, so its tests set them all
+FALCON_MUP = dict(embedding_multiplier=5.66, lm_head_multiplier=0.039, ssm_multipliers=[0.35, 0.25, 0.5, 0.7, 0.35],
+                  attention_in_multiplier=1.3, key_multiplier=0.39, attention_out_multiplier=0.94,
+                  ssm_out_multiplier=0.23, ssm_in_multiplier=1.25, mlp_multipliers=[0.88, 0.39])
 # dense families only the own ONNX graph's tests build (tests/test_families_onnx.py): ERNIE 4.5
 # (interleaved rotary, use_bias on every projection)
 MORE = {

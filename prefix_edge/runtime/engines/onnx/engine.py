@@ -10,8 +10,9 @@ One session does prefill and decode. A baked prefix is fed as the first `past_ke
   length (positions starting at 0 would give silently wrong logits); each step returns new
   present tensors (past + new, concatenated by the graph).
 
-A hybrid graph (LFM2: export/onnx_hybrid.py) has KV for its attention layers only and, per
-recurrent layer, a state input `past_conv.{i}` and output `present_conv.{i}`: a sequence keeps
+A hybrid graph (LFM2, Granite 4.0-H: export/onnx_hybrid.py) has KV for its attention layers only
+and, per recurrent layer, state inputs `past_conv.{i}` (and a Mamba2 layer's `past_ssm.{i}`) and
+outputs `present_conv.{i}` (`present_ssm.{i}`): a sequence keeps
 that state after its last token (float32, `self.rec[seq]`), a restore puts it back, and a state
 cannot be cut back to an earlier position (keeps_partial is False, as on llama.cpp).
 
@@ -36,7 +37,8 @@ from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
 from .kv_data import KvData
 
-STATE_IN, STATE_OUT = "past_conv.", "present_conv."  # export/onnx_hybrid.py's names (export is above)
+SSM_CHUNK = 256  # tokens per graph run of a Mamba2 graph (its [heads, n, n] terms stay small)
+STATE_INPUTS = ("past_conv.", "past_ssm.")  # a hybrid's states: export/onnx_hybrid.py's names (export is above)
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -89,9 +91,12 @@ class OnnxBackend(OneSequence, KvData):
         if not self.past_names:
             raise PrefixEdgeError(f"{model_path}: not a decoder graph with past_key_values inputs")
         self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
-        self.state_names = sorted((n for n in inputs if n.startswith(STATE_IN)), key=lambda n: int(n.split(".")[1]))
-        self.state_out = [n.replace(STATE_IN, STATE_OUT) for n in self.state_names]
+        self.state_names = sorted((n for n in inputs if n.startswith(STATE_INPUTS)),
+                                  key=lambda n: (int(n.split(".")[1]), n))
+        self.state_out = [n.replace("past_", "present_", 1) for n in self.state_names]
         self.state_shapes = [(1, *(int(d) for d in inputs[n].shape[1:])) for n in self.state_names]
+        # a Mamba2 graph computes n tokens with [heads, n, n] terms: forwards go in pieces
+        self.piece = SSM_CHUNK if any(n.startswith("past_ssm.") for n in self.state_names) else None
         self.rec: dict[int, list[np.ndarray]] = {}  # a hybrid's recurrent states per sequence
         # the model's layers: attention ones (KV), recurrent ones (a state), or both in one layer
         self.model_layers = 1 + max(int(n.split(".")[1]) for n in self.past_names + self.state_names)
@@ -225,7 +230,7 @@ class OnnxBackend(OneSequence, KvData):
     # running alone (see runtime/scheduler.py).
     @property
     def recurrent_layers(self) -> int:
-        return len(self.state_names)
+        return len({n.split(".")[1] for n in self.state_names})
 
     @property
     def state_layout(self) -> StateLayout:
@@ -405,7 +410,12 @@ class OnnxBackend(OneSequence, KvData):
             n_rows = min(int(rows[0]), int(np.asarray(ids).size)) if rows else 0
             if n_rows > 1 and not self.verifies:
                 raise PrefixEdgeError("this ONNX graph gives only the last position's logits")
-            logits, past = self._run(past, pos, ids, max(n_rows, 1), seq)
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            step = self.piece or max(1, ids.size)
+            for start in range(0, ids.size - step, step):  # all but the last piece (Mamba2 graphs)
+                _, past = self._run(past, pos + start, ids[start:start + step], 1, seq)
+            last = (ids.size - 1) // step * step
+            logits, past = self._run(past, pos + last, ids[last:], max(n_rows, 1), seq)
             if logits.shape[0] != max(n_rows, 1):
                 raise PrefixEdgeError(f"the ONNX graph gave {logits.shape[0]} rows of logits, not {n_rows}")
             self.seqs[seq] = (past, pos + int(np.asarray(ids).size))
