@@ -64,3 +64,33 @@ def test_bench_concurrency_report(bundle_int4, tmp_path):
         assert mem["prefix_copies_held"] == 1.0
         # the default (a KV stream per request) holds a copy per request
         assert rep["gguf"]["memory"]["prefix_copies_held"] == 8.0
+
+
+def test_bench_speculative_report(bundle_int4, tmp_path):
+    """`prefix-edge bench --speculative`: a row per engine and task with held-out inputs (the
+    demo tasks' sets: support, sentiment, extract; `raw` has none and is skipped), "off" at one
+    token per forward, and a JSON task's answers counted; `--inputs FILE` gives every task
+    inputs; a malformed file is one error line."""
+    out = tmp_path / "s.json"
+    p = cli("bench", "--speculative", "--bundle", bundle_int4, "--runs", "2", "--threads", "2",
+            "--no-peers", "--out", out)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["backend"], r["task"]) for r in rows) == sorted(
+        (b, t) for b in ("onnx", "gguf") for t in ("support", "sentiment", "extract"))
+    for r in rows:
+        assert r["n"] == 2 and r["off"]["tokens_per_forward"] == 1.0 and r["off"]["drafted"] == 0
+        assert r["lookup"]["tokens_per_forward"] >= 1.0 and 0 <= r["equal"] <= 2
+        assert (r["json_valid"] is not None) == (r["task"] == "extract")
+    assert "no held-out inputs" in p.stderr.decode() and "| engine | task |" in p.stdout.decode()
+    given = tmp_path / "inputs.jsonl"
+    given.write_text('{"input": "hello there"}\n{"task": "raw", "input": "le chat"}\n', encoding="utf-8")
+    p = cli("bench", "--speculative", "--bundle", bundle_int4, "--backend", "gguf", "--runs", "1",
+            "--no-peers", "--inputs", given, "--out", out)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    assert {r["task"] for r in json.loads(out.read_text())["rows"]} == {"support", "sentiment", "extract", "raw"}
+    given.write_text('{"text": "no input key"}\n', encoding="utf-8")
+    p = cli("bench", "--speculative", "--bundle", bundle_int4, "--inputs", given)
+    err = p.stderr.decode().strip()
+    assert p.returncode == 1 and "inputs.jsonl:1: not a JSON object with an \"input\" string" in err
+    assert len(err.splitlines()) == 1, err

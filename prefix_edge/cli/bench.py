@@ -35,9 +35,12 @@ def bench(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the report as JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot of TTFT vs prefix length (needs matplotlib)."),
     concurrency: bool = typer.Option(False, "--concurrency", help="Instead: many requests at once (throughput at 1/4/8, memory per request, task switch, TTFT p50/p99, cancel latency)."),
+    speculative: bool = typer.Option(False, "--speculative", help="Instead: speculative='lookup' vs 'off' per task (tokens per forward, decode tok/s, answers equal, JSON valid); --runs inputs per task; with --peers, llama.cpp's own lookup decoding."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", help="With --speculative: a JSONL file of {\"task\", \"input\"} lines (default: the demo tasks' held-out sets)."),
 ) -> None:
     """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS;
-    or, with --concurrency, the engine under many requests at once."""
+    or, with --concurrency, the engine under many requests at once; or, with --speculative,
+    drafted decoding against plain decoding."""
     from ..bench.measure import run_bench
     from ..bundle import Bundle
     from ..errors import PrefixEdgeError
@@ -53,6 +56,16 @@ def bench(
         lengths = [int(x) for x in prefix_lengths.split(",") if x.strip()]
     except ValueError:
         raise PrefixEdgeError(f"--prefix-lengths must be integers, got {prefix_lengths!r}") from None
+    if speculative:
+        from ..bench.speculative import read_inputs, run_all as run_speculative, table
+
+        given = read_inputs(inputs) if inputs else None
+        report = run_speculative(root, names, threads, runs, given=given, peers=peers,
+                                 log=lambda m: typer.echo(m, err=True))
+        typer.echo("\n".join(table(report)))
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+        return
     if concurrency:
         from ..bench.concurrency import run_all
 

@@ -115,7 +115,7 @@ def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store:
 
     prefix = compressed_kv(be, plan, inv_freq, rope_on)
     if be.name == "onnx":
-        from ..runtime.engines.onnx.engine import write_prefix
+        from ..runtime.engines.onnx.prefix_files import write_prefix
 
         write_prefix(path, prefix.ids, dict(zip(be.past_names, prefix.kv)), meta, store or "f32")
     else:
@@ -162,9 +162,12 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
     if be.name == "gguf":
         from ..llamacpp.seqstate_write import build_seq_state
 
-        if be.rope_layout == "adjacent":
+        from ..runtime.kv import hf_rope_layout
+
+        hf = hf_rope_layout(m)  # PEFT's keys pair their dims as the HF model's rotary does
+        if be.rope_layout == "adjacent" and hf == "halves":  # llama.cpp's converter permuted q/k
             keys = [hf_keys_to_llama_cpp(k) for k in keys]
-        elif be.rope_layout != "halves":
+        elif be.rope_layout not in ("halves", "adjacent") or (be.rope_layout == "halves" and hf != "halves"):
             raise PrefixEdgeError(f"the GGUF model uses {be.rope_layout}: prefix-edge does not know "
                                   "its key layout, so it cannot inject a prefix-tuning KV")
 

@@ -10,16 +10,14 @@ One session does prefill and decode. A baked prefix is fed as the first `past_ke
   length (positions starting at 0 would give silently wrong logits); each step returns new
   present tensors (past + new, concatenated by the graph).
 
-A hybrid graph (LFM2, Granite 4.0-H: export/onnx_hybrid.py) has KV for its attention layers only
-and, per recurrent layer, state inputs `past_conv.{i}` (and a Mamba2 layer's `past_ssm.{i}`) and
-outputs `present_conv.{i}` (`present_ssm.{i}`): a sequence keeps
-that state after its last token (float32, `self.rec[seq]`), a restore puts it back, and a state
-cannot be cut back to an earlier position (keeps_partial is False, as on llama.cpp).
+A hybrid graph (LFM2, Granite 4.0-H, Falcon-H1: export/onnx_hybrid.py) has KV for its attention
+layers only and, per recurrent layer, state inputs `past_conv.{i}` (and a Mamba2 layer's
+`past_ssm.{i}`) and outputs `present_conv.{i}` (`present_ssm.{i}`): a sequence keeps those
+states after its last token (float32, `self.rec[seq]`), a restore puts them back, and they cannot
+be cut back to an earlier position (keeps_partial is False, as on llama.cpp). A Mamba2 graph's
+forward of many tokens runs in pieces of SSM_CHUNK.
 
-Prefix file (safetensors): `past_key_values.{i}.key|value` [1, n_kv_heads, P, head_dim] in the
-graph's KV dtype, a hybrid's `past_conv.{i}` [1, hidden, L - 1] float32, `prefix_ids` [P] int64,
-and metadata {fingerprint, task, backend}. A Prefix's `kv` lists the KV arrays in past_names
-order, then the recurrent states in state_names order.
+Prefix files (read, checked, written): prefix_files.py.
 """
 
 from __future__ import annotations
@@ -30,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from ....errors import PrefixEdgeError
-from ....bundle import prefixfile
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from ...kv import hf_rope_layout
 from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
 from .kv_data import KvData
+from .prefix_files import PrefixFiles
 
 SSM_CHUNK = 256  # tokens per graph run of a Mamba2 graph (its [heads, n, n] terms stay small)
 STATE_INPUTS = ("past_conv.", "past_ssm.")  # a hybrid's states: export/onnx_hybrid.py's names (export is above)
@@ -49,7 +47,7 @@ def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in provs else [])
 
 
-class OnnxBackend(OneSequence, KvData):
+class OnnxBackend(OneSequence, KvData, PrefixFiles):
     name = "onnx"
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
     n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
@@ -162,64 +160,6 @@ class OnnxBackend(OneSequence, KvData):
             return ort_cache.new_session(model_path, options(True), providers), "model"
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
-
-    # -- prefix files ---------------------------------------------------------------------
-    def load_prefix(self, path: Path) -> Prefix:
-        """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
-        tensors, meta = prefixfile.read(path)
-        return self.prefix_from(tensors, meta, str(path))
-
-    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
-        """A Prefix from a prefix file's tensors and metadata, checked against this model
-        (values_checked: this file's values passed the finiteness walk before, unchanged since)."""
-        if meta.get("backend", self.name) != self.name:
-            raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not onnx")
-        prefixfile.require(tensors, [prefixfile.IDS], where)
-        ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
-        decoded = prefixfile.decode_kv(tensors, meta, self.past_names, self.kv_dtype, where)
-        kv = [decoded[n] for n in self.past_names]
-        prefixfile.require(tensors, self.state_names, where)
-        states = [tensors[n] for n in self.state_names]
-        n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids
-        want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
-        for n, t in zip(self.past_names, kv):
-            if t.shape != want or t.dtype != self.kv_dtype:
-                raise PrefixEdgeError(
-                    f"{where}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
-                    f"{np.dtype(self.kv_dtype)}{list(want)}")
-            if not values_checked and not np.isfinite(t).all():
-                raise PrefixEdgeError(f"{where}: the prefix KV holds NaN or infinite values")
-        for n, t, shape in zip(self.state_names, states, self.state_shapes):
-            if t.shape != shape or t.dtype != np.float32:
-                raise PrefixEdgeError(f"{where}: recurrent state {n} is {t.dtype}{list(t.shape)}, the model "
-                                      f"needs float32{list(shape)}")
-            if not values_checked and not np.isfinite(t).all():
-                raise PrefixEdgeError(f"{where}: the recurrent state {n} holds NaN or infinite values")
-        kv += states
-        return Prefix(ids, kv, meta, sum(t.nbytes for t in kv), n_virtual=n_virtual)
-
-    def read_prefix_ids(self, path: Path) -> np.ndarray:
-        return prefixfile.read_ids(path)
-
-    def state_info(self) -> dict:
-        """What restoring a prefix depends on beyond the model files (recorded in the manifest)."""
-        return {}
-
-    @property
-    def kv_dtype_name(self) -> str:
-        return np.dtype(self.kv_dtype).name
-
-    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str],
-                    store: str = "f32") -> None:
-        """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
-        `store` (prefixfile.KV_STORES)."""
-        past, pos = self.seqs[self.single_seq]
-        if self.fused:
-            kv = [a[:, :, :pos].copy() for a in past.arrays]
-        else:
-            kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
-        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store,
-                     dict(zip(self.state_names, self.rec.get(self.single_seq, []))))
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
@@ -376,12 +316,6 @@ class OnnxBackend(OneSequence, KvData):
         return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
                       n_virtual=n_virtual, checked_by=self, pin=False)
 
-    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
-        n = len(self.past_names)
-        write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv[:n])),
-                     {**metadata, "n_virtual": str(prefix.n_virtual)}, "f32",
-                     dict(zip(self.state_names, prefix.kv[n:])))
-
     def kv_bytes(self) -> int:
         """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays
         shared by several sequences (a restored prefix before its first forward) count once."""
@@ -512,10 +446,3 @@ class OnnxBackend(OneSequence, KvData):
 
 SPARE_BUFFERS, SPARE_BYTES = 2, 128 << 20  # freed buffers kept for reuse
 
-
-def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],
-                 store: str = "f32", states: dict[str, np.ndarray] | None = None) -> None:
-    """`states`: a hybrid's recurrent states, stored float32 whatever `store` the KV takes."""
-    tensors, extra = prefixfile.encode_kv(kv, store)
-    tensors.update({n: np.ascontiguousarray(a, np.float32) for n, a in (states or {}).items()})
-    prefixfile.write(path, ids, tensors, {**metadata, **extra, "backend": "onnx"})
