@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge.bundle import Manifest
-    from prefix_edge.cli.eval import demo_data
+    from prefix_edge.paths import demo_data
     from prefix_edge.paths import default_bundle
 
     root = args.bundle or default_bundle()

@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from prefix_edge.cli.eval import demo_data
+    from prefix_edge.paths import demo_data
     from prefix_edge.tasks.datafile import read_jsonl
     from prefix_edge.evaluation.metrics import guess_metric
     from prefix_edge.evaluation.run import eval_bundle

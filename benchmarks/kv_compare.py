@@ -52,7 +52,7 @@ def held_out(rt, task: str, limit: int | None, max_tokens: int):
     """A demo task's held-out lines (the first `limit`), its greedy token cap (the task's own,
     at most `max_tokens`) and a scorer of answer texts: (rows, n_max, score(texts) -> mean);
     None for a task without a held-out set."""
-    from prefix_edge.cli.eval import demo_data
+    from prefix_edge.paths import demo_data
     from prefix_edge.tasks.datafile import read_jsonl
     from prefix_edge.evaluation.metrics import guess_metric, scorer
 

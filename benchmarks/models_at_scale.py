@@ -1,5 +1,5 @@
 """The runtime at the sizes people deploy: random-weight checkpoints with the published configs
-of Qwen3-0.6B, Llama-3.2-1B and LFM2-1.2B (a hybrid) (speed and memory do not depend on the weights' values),
+of Qwen3-0.6B, Llama-3.2-1B, LFM2-1.2B and Granite-4.0-H-1B (hybrids) (speed and memory do not depend on the weights' values),
 exported as a user would (ONNX int4 through the own graph, GGUF Q4_1 through llama.cpp's
 converter), then `prefix-edge bench` on each bundle (TTFT with a prefix baked vs prefilled at
 P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
@@ -50,6 +50,22 @@ CONFIGS = {
         "norm_eps": 1e-5, "rope_theta": 1000000.0, "conv_L_cache": 3, "conv_bias": False,
         "tie_word_embeddings": True, "vocab_size": 65536,
         "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]},
+    # ibm-granite/granite-4.0-h-1b's shape as its GGUF metadata gives it (granitehybrid: 40 blocks,
+    # hidden 1536, 12 query heads of 128, shared MLP 4096, Mamba2 inner 3072 in 48 heads of 64,
+    # state 128, conv 4, one group, vocabulary 100,352, Granite's multipliers, no RoPE); ASSUMED
+    # (that metadata lists them truncated): 4 attention layers, every 10th, with 4 KV heads
+    "granite-4.0-h-1b": {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+        "hidden_size": 1536, "intermediate_size": 4096, "shared_intermediate_size": 4096,
+        "num_hidden_layers": 40, "num_attention_heads": 12, "num_key_value_heads": 4,
+        "layer_types": ["attention" if i % 10 == 9 else "mamba" for i in range(40)],
+        "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_d_conv": 4,
+        "mamba_expand": 2, "mamba_n_groups": 1, "mamba_chunk_size": 256, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "num_local_experts": 0, "num_experts_per_tok": 0,
+        "position_embedding_type": "nope", "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0078125, "logits_scaling": 6.0, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "vocab_size": 100352,
+        "hidden_act": "silu"},
 }
 # the export formats where not both (none now: the own ONNX graph builds the hybrids too)
 FORMATS: dict[str, str] = {}

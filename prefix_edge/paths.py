@@ -39,6 +39,17 @@ def default_tasks_file() -> Path:
     return Path(__file__).resolve().parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"
 
 
+DEMO_SUFFIXES = ("_tuned", "_distilled", "_prompt")  # a demo task's trained or distilled twins
+
+
+def demo_data(task: str) -> Path | None:
+    """The embedded held-out set of a demo task (`models/<default>/data/<task>.heldout.jsonl`);
+    a trained or distilled twin (`sentiment_tuned`) shares its prompt task's set."""
+    data = default_tasks_file().parent / "data"
+    names = [task] + [task[: -len(s)] for s in DEMO_SUFFIXES if task.endswith(s)]
+    return next((data / f"{n}.heldout.jsonl" for n in names if (data / f"{n}.heldout.jsonl").is_file()), None)
+
+
 def read_cache(name: str) -> dict:
     """A JSON object cached in $PREFIX_EDGE_HOME; missing or corrupt reads as {} (a cache only
     ever saves work)."""

@@ -48,7 +48,7 @@ def inputs_of(task: str, n: int, given: dict | None = None) -> list[str]:
     """Up to n inputs for `task`: the given file's, else the demo task's held-out set."""
     if given is not None:
         return (given.get(task) or given.get(None) or [])[:n]
-    from ..cli.eval import demo_data
+    from ..paths import demo_data
 
     path = demo_data(task)
     if path is None:

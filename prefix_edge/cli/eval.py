@@ -12,17 +12,7 @@ import typer
 from ..errors import PrefixEdgeError
 from .app import app
 
-DEMO_SUFFIXES = ("_tuned", "_distilled", "_prompt")
-
-
-def demo_data(task: str) -> Path | None:
-    """The embedded held-out set of a demo task (`models/<default>/data/<task>.heldout.jsonl`);
-    a trained or distilled twin (`sentiment_tuned`) shares its prompt task's set."""
-    from ..paths import default_tasks_file
-
-    data = default_tasks_file().parent / "data"
-    names = [task] + [task[: -len(s)] for s in DEMO_SUFFIXES if task.endswith(s)]
-    return next((data / f"{n}.heldout.jsonl" for n in names if (data / f"{n}.heldout.jsonl").is_file()), None)
+from ..paths import demo_data
 
 
 @app.command("eval")

@@ -115,6 +115,9 @@ def _config(hf_dir: Path) -> dict:
         raise _refuse(f"attention bias on {arch}")
     if cfg.get("mlp_bias"):
         raise _refuse("MLP bias")
+    if arch == GRANITE_H and cfg.get("num_local_experts"):  # before any weight is read (a 7B MoE's are many)
+        raise PrefixEdgeError(f"the own ONNX builder has no experts (num_local_experts "
+                              f"{cfg['num_local_experts']}) on {GRANITE_H}; export with --format gguf")
     return cfg
 
 

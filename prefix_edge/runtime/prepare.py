@@ -21,6 +21,7 @@ from .request import Request
 from .stream import Result, Stats
 from .constraint import Grammars
 from .documents import check_documents, module, with_documents
+from .cache.prompts import MIN_TEXT_TOKENS
 from .kv import Rope
 from .text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
@@ -296,16 +297,23 @@ class Requests:
             ids, cuts = ids[turn_hit:], tuple(c - turn_hit for c in cuts if c > turn_hit)
         load_ms = (time.perf_counter() - t_load) * 1e3 if use_cache else 0.0
         snapshot = compose.keep if compose is not None else None  # its composed state, after its first token
+        n_virtual = self.manifest.tasks[task].n_virtual if task is not None else 0
         if use_prompts and self.prompts.wants(len(full), messages is not None) \
                 and self.prompts.get(root, full, full_cuts) is None:  # this very prompt is kept already
-            snapshot = self._keeper(root, full, full_cuts,
-                                    self.manifest.tasks[task].n_virtual if task is not None else 0)
+            snapshot = self._keeper(root, full, full_cuts, n_virtual)
+        midpoint, c = None, full_cuts[-1] if full_cuts else 0
+        if snapshot is not None and compose is None and not self.prompts.partial and c > turn_hit \
+                and c >= MIN_TEXT_TOKENS and self.prompts.get(root, full[:c], full_cuts[:-1]) is None:
+            # a state that cannot be cut back serves only where it ends: keep one at the start of
+            # the last message too (the same documents or system prompt with a new question);
+            # ids and full end together
+            midpoint = (len(ids) - (len(full) - c), self._keeper(root, full[:c], full_cuts[:-1], n_virtual))
         return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain, tools),
                        TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
                        turn=(root, full, full_cuts) if messages is not None and compose is None else None,
-                       speculative=opts["speculative"], compose=compose)
+                       speculative=opts["speculative"], compose=compose, midpoint=midpoint)
 
     def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool):
         """(Composition, the tail ids) of a composed request, or None where its documents cannot

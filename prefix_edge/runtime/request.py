@@ -32,6 +32,7 @@ class Request:
     cancel_reason: str | None = None
     cuts: tuple = ()             # input positions prefill chunks never cross (turn boundaries)
     snapshot: object = None      # fn(backend, request), engine thread, once its input is read
+    midpoint: tuple | None = None  # (input position, fn(backend, request)): a state kept there too
     prompt_end: int = -1         # its position once its whole input is read (the snapshot's end)
     siblings: list = field(default_factory=list)  # n > 1: the other choices, forked after the prefill
     parent: "Request | None" = None               # a sibling's first choice

@@ -387,6 +387,8 @@ class Scheduler:
             r.pos += n
             if r.next_token is None:
                 r.fed += n
+                if r.midpoint is not None and r.fed == r.midpoint[0]:
+                    self._keep_midpoint(r)
             if sample and not r.cancel_reason:
                 first = r.n_samples == 0
                 if first:
@@ -394,6 +396,16 @@ class Scheduler:
                 self._sample(r, lg)
                 if first and not r.done:
                     self._keep_prompt(r)  # after the first token is out: no TTFT for the copy
+
+    def _keep_midpoint(self, r: Request) -> None:
+        """r's prefill has just reached the start of its last message: keep that state too (an
+        engine that cannot cut a state back serves the same context with a new question only
+        from a state that ends there; prepare.py)."""
+        (_, keep), r.midpoint = r.midpoint, None
+        try:
+            keep(self.backend, r)
+        except Exception:  # a cache that cannot keep it costs the next request a prefill
+            pass
 
     def _keep_prompt(self, r: Request) -> None:
         """r's KV holds its whole input and nothing after (its first token is sampled, not yet
