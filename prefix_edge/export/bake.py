@@ -165,9 +165,9 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
         from ..runtime.kv import hf_rope_layout
 
         hf = hf_rope_layout(m)  # PEFT's keys pair their dims as the HF model's rotary does
-        if be.rope_layout == "adjacent" and hf == "halves":  # llama.cpp's converter permuted q/k
+        if (hf, be.rope_layout) == ("halves", "adjacent"):  # llama.cpp's converter permuted q/k
             keys = [hf_keys_to_llama_cpp(k) for k in keys]
-        elif be.rope_layout not in ("halves", "adjacent") or (be.rope_layout == "halves" and hf != "halves"):
+        elif be.rope_layout != hf:
             raise PrefixEdgeError(f"the GGUF model uses {be.rope_layout}: prefix-edge does not know "
                                   "its key layout, so it cannot inject a prefix-tuning KV")
 

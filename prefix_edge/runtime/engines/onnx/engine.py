@@ -98,6 +98,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self.rec: dict[int, list[np.ndarray]] = {}  # a hybrid's recurrent states per sequence
         # the model's layers: attention ones (KV), recurrent ones (a state), or both in one layer
         self.model_layers = 1 + max(int(n.split(".")[1]) for n in self.past_names + self.state_names)
+        self.recurrent_layers = len({n.split(".")[1] for n in self.state_names})
         first = inputs[self.past_names[0]]
         self.n_layers = len(self.past_names) // 2
         self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
@@ -117,7 +118,8 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self.n_vocab = int(logits.shape[-1])
         # a graph whose logits hold the last few positions (onnx_graph.py LOGITS_TAIL, declared
         # "rows"; docs/bundle-format.md) verifies drafts; one of the last position only does not
-        self.verifies = self.fused and logits.shape[1] != 1
+        # ... and a rejected draft is cut back, which a recurrent state cannot be
+        self.verifies = self.fused and logits.shape[1] != 1 and not self.state_names
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
@@ -168,10 +170,6 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
     # by every sequence of that task until its first forward, which returns new present tensors.
     # Sequences run one after another: one row per run keeps every request bit-identical to
     # running alone (see runtime/scheduler.py).
-    @property
-    def recurrent_layers(self) -> int:
-        return len({n.split(".")[1] for n in self.state_names})
-
     @property
     def state_layout(self) -> StateLayout:
         """Every attention layer's KV holds every position (a sliding layer's window is the
@@ -352,7 +350,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             logits, past = self._run(past, pos + last, ids[last:], max(n_rows, 1), seq)
             if logits.shape[0] != max(n_rows, 1):
                 raise PrefixEdgeError(f"the ONNX graph gave {logits.shape[0]} rows of logits, not {n_rows}")
-            self.seqs[seq] = (past, pos + int(np.asarray(ids).size))
+            self.seqs[seq] = (past, pos + ids.size)
             out.append(logits if n_rows else logits[-1])
         return out
 
