@@ -219,13 +219,14 @@ def test_save_and_resume_in_another_runtime(bundle_int4, bundle_fp32, backend, t
     head_end = 8 + int(np.frombuffer(data[:8], "<u8")[0])  # safetensors: u64 header size, JSON header, tensors
     assert len(data) // 2 > head_end  # the middle of the file is tensor data: the KV values
     rnd = np.random.default_rng(7)  # 15 single-bit flips: header, ids, KV values alike
-    flips = [head_end // 2, len(data) // 2] + [int(x) for x in rnd.integers(8, len(data), 13)]
+    key = data.index(b'"payload_crc32"') + 3  # a flip in the checksum's own name: "no checksum"
+    flips = [key, head_end // 2, len(data) // 2] + [int(x) for x in rnd.integers(8, len(data), 12)]
     with Runtime.open(bundle_int4, backend=backend) as rt:
         for at in flips:
             bad = tmp_path / "bad.pe"
             bit = 1 << int(rnd.integers(0, 8))
             bad.write_bytes(data[:at] + bytes([data[at] ^ bit]) + data[at + 1:])
-            with pytest.raises(PrefixEdgeError, match="cannot read prefix file|damaged|saved") as e:
+            with pytest.raises(PrefixEdgeError, match="cannot read prefix file|damaged|saved|no checksum") as e:
                 rt.resume(bad)
             assert str(e.value).count("\n") == 0, at
 
