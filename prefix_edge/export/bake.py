@@ -93,7 +93,10 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
                 _begin_virtual(be, adapter, manifest.model, soft)
                 meta["n_virtual"] = str(adapter.n_virtual)
             if ids:
-                be.prefill(np.array(ids, np.int64))
+                logits = be.prefill(np.array(ids, np.int64))
+                if not np.all(np.isfinite(logits)):  # its KV then holds them too: never baked
+                    raise PrefixEdgeError(f"task '{name}': the {be.name} model computes NaN or infinite values "
+                                          "on this prefix (a token whose embedding it cannot normalise?)")
             rel = layout.prefix_file(name, be.name)
             plan = compression[0].get(name) if compression else None
             if plan is None:

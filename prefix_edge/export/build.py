@@ -226,6 +226,14 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     if "onnx" in formats:
         backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st,
                                        fusions, onnx_builder)
+    if "gguf" in formats and optional_gguf and "onnx" in backends and model.suffix != ".gguf":
+        from .gguf import refuse_unsupported
+
+        try:  # the default formats: a model llama.cpp cannot run as it is is the onnx bundle alone
+            refuse_unsupported(json.loads((hf_dir / "config.json").read_text()))
+        except PrefixEdgeError as e:
+            st.warn(f"gguf backend skipped: {e}")
+            formats = [f for f in formats if f != "gguf"]
     if "gguf" in formats:
         backends["gguf"] = _gguf_model(model, hf_dir, root / layout.MODEL_FILE["gguf"], gguf_quant, work, st)
         if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):

@@ -50,10 +50,13 @@ def reference(hf_dir, probes: list[list[int]]) -> list[tuple[np.ndarray, list[in
 
 def measure(be, probes: list[list[int]], ref) -> dict:
     """The deployed backend `be` (one-sequence API) against the reference."""
-    max_diff, first_ok, greedy_ok = 0.0, 0, 0
+    max_diff, first_ok, greedy_ok, non_finite = 0.0, 0, 0, 0
     for ids, (ref_logits, ref_tokens) in zip(probes, ref):
         be.begin(None)
         logits = be.prefill(np.asarray(ids, np.int64))
+        if not np.all(np.isfinite(logits)):  # NaN compares as no difference: counted apart
+            non_finite += 1
+            continue
         n = min(len(logits), len(ref_logits))
         max_diff = max(max_diff, float(np.max(np.abs(logits[:n] - ref_logits[:n]))))
         toks = []
@@ -66,11 +69,14 @@ def measure(be, probes: list[list[int]], ref) -> dict:
         greedy_ok += toks == ref_tokens
     be.begin(None)
     return {"probes": len(probes), "max_abs_logit_diff_first_token": round(max_diff, 6),
-            "first_token_agrees": first_ok, "greedy_8_agrees": greedy_ok}
+            "first_token_agrees": first_ok, "greedy_8_agrees": greedy_ok, "non_finite": non_finite}
 
 
 def verdict(backend: str, result: dict) -> str | None:
     """A warning line when the deployed model mostly disagrees with its source, else None."""
+    if result.get("non_finite"):
+        return (f"fidelity: the deployed {backend} model computes NaN or infinite logits on "
+                f"{result['non_finite']} of {result['probes']} probes")
     if result["first_token_agrees"] * 2 < result["probes"]:
         return (f"fidelity: the deployed {backend} model disagrees with the source model on the "
                 f"first token of {result['probes'] - result['first_token_agrees']} of "

@@ -62,6 +62,37 @@ def refuse_unsupported(cfg: dict) -> None:
         raise PrefixEdgeError("this ERNIE 4.5 checkpoint has use_bias=true: llama.cpp's ERNIE 4.5 "
                               "graph has no MLP biases (its converter writes them, its loader then "
                               "refuses the tensor count); export it with --format onnx")
+    if cfg.get("model_type") in ("gemma3n", "gemma3n_text"):
+        _refuse_gemma3n(cfg.get("text_config") or cfg)
+
+
+# what llama.cpp's Gemma 3n graph fixes in code instead of reading the GGUF (llama-hparams.h,
+# llama-model.cpp, models/gemma3n-iswa.cpp): a checkpoint that differs would load and compute
+# another model
+GEMMA3N_FIXED = {"hidden_size_per_layer_input": 256, "laurel_rank": 64, "altup_num_inputs": 4, "altup_active_idx": 0}
+GEMMA3N_FIRST_SHARED = 20  # each shared layer then reads layer 18 (sliding) or 19 (global)
+GEMMA3N_SPARSE_LAYERS, GEMMA3N_SPARSITY = 10, 0.95
+
+
+def _refuse_gemma3n(t: dict) -> None:
+    def refuse(what: str) -> PrefixEdgeError:
+        return PrefixEdgeError(f"this Gemma 3n checkpoint has {what}; llama.cpp's Gemma 3n graph fixes it "
+                               "in code (E2B's and E4B's value), so its GGUF would compute another model: "
+                               "export it with --format onnx")
+
+    for k, v in GEMMA3N_FIXED.items():
+        if k in t and t[k] != v:
+            raise refuse(f"{k} {t[k]} (llama.cpp: {v})")
+    n, shared = int(t.get("num_hidden_layers", 0)), int(t.get("num_kv_shared_layers", 0))
+    reads = (t.get("layer_types") or [])[GEMMA3N_FIRST_SHARED - 2:GEMMA3N_FIRST_SHARED]
+    if (n - shared != GEMMA3N_FIRST_SHARED or reads != ["sliding_attention", "full_attention"]) if shared \
+            else n > GEMMA3N_FIRST_SHARED:
+        raise refuse(f"{n} layers, the last {shared} KV-shared (llama.cpp: any layer from {GEMMA3N_FIRST_SHARED} "
+                     "on shares, reading layer 18 if sliding, else 19)")
+    pattern = [float(x) for x in t.get("activation_sparsity_pattern") or []]
+    if pattern and pattern != [GEMMA3N_SPARSITY if i < GEMMA3N_SPARSE_LAYERS else 0.0 for i in range(len(pattern))]:
+        raise refuse(f"activation_sparsity_pattern {pattern} (llama.cpp: {GEMMA3N_SPARSITY} on layers "
+                     f"0-{GEMMA3N_SPARSE_LAYERS - 1}, none after)")
 
 
 def pre_tokenizer_name(hf_dir: Path) -> str:

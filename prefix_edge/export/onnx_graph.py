@@ -69,13 +69,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import PrefixEdgeError
+from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder
 from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT, falcon_h1_weights,
                           granite_h_layers, lfm2_layers, lfm2_weights, mamba2, short_conv)
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
-                 LFM2, GRANITE_H, FALCON_H1)
+                 LFM2, GRANITE_H, FALCON_H1, GEMMA3N)
 POST_NORMS = ("Olmo2ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
@@ -105,13 +106,13 @@ def _config(hf_dir: Path) -> dict:
     if kind not in ROPE_TYPES:
         raise _refuse(f"{kind!r} RoPE scaling (it depends on the sequence length)" if kind in
                       ("dynamic", "longrope") else f"{kind!r} RoPE scaling")
-    gemma = arch == "Gemma3ForCausalLM"  # its MLP reads hidden_activation, GELU-tanh
+    gemma = arch in ("Gemma3ForCausalLM", GEMMA3N)  # its MLP reads hidden_activation, GELU-tanh
     act = cfg.get("hidden_activation", "gelu_pytorch_tanh") if gemma else \
         cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != ("gelu_pytorch_tanh" if gemma else "silu"):
         raise _refuse(f"{act!r} activation{' on ' + arch if gemma else ''}")
     if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM",
-                                              "Exaone4ForCausalLM"):
+                                              "Exaone4ForCausalLM", GEMMA3N):
         raise _refuse(f"attention bias on {arch}")
     if cfg.get("mlp_bias"):
         raise _refuse("MLP bias")
@@ -188,6 +189,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     cfg = _config(hf_dir)
     arch = cfg["architectures"][0]
     gc = _gemma3(hf_dir, cfg) if arch == "Gemma3ForCausalLM" else None  # refused before any weight
+    g3n = gemma3n_config(hf_dir, _refuse) if arch == GEMMA3N else None
     w = _weights(hf_dir)
     hidden, n_layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
     n_heads = int(cfg["num_attention_heads"])
@@ -240,6 +242,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         for k in w:  # Gemma3RMSNorm scales by (1 + w)
             if k.endswith("norm.weight"):
                 w[k] = w[k] + np.float32(1.0)
+    if g3n is not None:  # (its norms scale by w itself: nothing to fold)
+        head_dim = int(g3n.head_dim)
+        local = [t == "sliding_attention" for t in g3n.layer_types]
+        windows = [int(g3n.sliding_window) if s else -1 for s in local]
     if arch == "Exaone4ForCausalLM":  # sliding layers: RoPE and the window; global: NoPE if windowed
         from transformers import AutoConfig
 
@@ -329,7 +335,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                  **attrs)[0]
         return linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
 
-    builder = SimpleNamespace(w=w, init=init, node=node, linear=linear)
+    builder = SimpleNamespace(w=w, init=init, node=node, linear=linear, norm=norm, head_norm=head_norm, eps=eps)
 
     if any(rope_on) or qk_norm == "after_rope":  # (a model without RoPE layers has no caches)
         cos, sin = rope_cache(hf_dir, n_pos)
@@ -341,71 +347,76 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     if any(local):
         for name, a in zip(("cos_cache_local", "sin_cache_local"), rope_cache(hf_dir, n_pos, local=True)):
             init(name, a)
-    x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
-             ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
-    if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
-        x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
-                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
-    if (granite or arch == FALCON_H1) and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
-        x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
-                 ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
-    if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
-        seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
-                              init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
-        past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
-                            node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
-        steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
-                     "/pos/Range")
-        node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
-                          "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
-    residual, pending = x, None
-    for i in range(n_layers):
-        p = f"model.layers.{i}"
-        if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
-            if pending is not None:
-                residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
-            h = residual
-        elif pending is None:
-            h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
-        else:
-            ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
-            h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
-                                     [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
-                                     domain="com.microsoft", epsilon=eps)
-        if conv[i]:
-            o = short_conv(builder, h, p, i, hidden)
-        elif arch == FALCON_H1:  # both mixers on the same normed input, summed
-            o = node("Add", [mamba2(builder, h, p, i, hc, eps), attention(h, p, i)], [f"/{p}/mixers"], f"/{p}/Add_mixers")
-        elif mamba[i]:
-            o = mamba2(builder, h, p, i, hc, eps)
-        else:
-            o = attention(h, p, i)
-        if gemma or post_norms:  # each sublayer's output normed before its residual add
-            o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
-        if post_norms:
-            residual = h2 = node("Add", [o, residual], [f"/{p}/attn/residual"], f"/{p}/attn/Add")
-        else:
-            ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
-            ln2 = init(ln2_key, w[ln2_key])
-            h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
-                                      [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
-                                      domain="com.microsoft", epsilon=eps)
-        gu_ = linear(h2, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], f"/{p}/mlp/gate_up_proj")
-        g, u = node("Split", [gu_], [f"/{p}/mlp/gate", f"/{p}/mlp/up"], f"/{p}/mlp/Split", axis=-1,
-                    num_outputs=2)
-        if gemma:  # gelu_pytorch_tanh: FastGelu is the same tanh approximation
-            act = node("FastGelu", [g], [f"/{p}/mlp/gelu"], f"/{p}/mlp/FastGelu", domain="com.microsoft")
-        else:
-            sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
-            act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
-        gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
-        pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
-        if gemma or post_norms:
-            pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
-    final = init("model.norm.weight", w["model.norm.weight"])
-    # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)
-    hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], [HIDDEN_STATES],
-              "/model/norm", domain="com.microsoft", epsilon=eps)
+    if g3n is not None:  # its own decoder: AltUp's streams, LAuReL, per-layer inputs (onnx_gemma3n.py)
+        node("Identity", [gemma3n_decoder(builder, g3n, n_heads, n_kv, head_dim, windows, local)], [HIDDEN_STATES],
+             "/model/hidden_states")
+        hn = HIDDEN_STATES
+    else:
+        x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
+                 ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
+        if gemma:  # Gemma3TextScaledWordEmbedding: times sqrt(hidden) in the weights' dtype (fp32 here)
+            x = node("Mul", [x, init("embed_scale", np.array(hidden ** 0.5, np.float32))],
+                     ["/model/embed_tokens/scaled"], "/model/embed_tokens/embed_scale")
+        if (granite or arch == FALCON_H1) and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
+            x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
+                     ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
+        if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
+            seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
+                                  init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
+            past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
+                                node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
+            steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
+                         "/pos/Range")
+            node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
+                              "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
+        residual, pending = x, None
+        for i in range(n_layers):
+            p = f"model.layers.{i}"
+            if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
+                if pending is not None:
+                    residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
+                h = residual
+            elif pending is None:
+                h = norm(residual, f"{p}.input_layernorm.weight", f"/{p}/ln1")
+            else:
+                ln1 = init(f"{p}.input_layernorm.weight", w[f"{p}.input_layernorm.weight"])
+                h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
+                                         [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
+                                         domain="com.microsoft", epsilon=eps)
+            if conv[i]:
+                o = short_conv(builder, h, p, i, hidden)
+            elif arch == FALCON_H1:  # both mixers on the same normed input, summed
+                o = node("Add", [mamba2(builder, h, p, i, hc, eps), attention(h, p, i)], [f"/{p}/mixers"], f"/{p}/Add_mixers")
+            elif mamba[i]:
+                o = mamba2(builder, h, p, i, hc, eps)
+            else:
+                o = attention(h, p, i)
+            if gemma or post_norms:  # each sublayer's output normed before its residual add
+                o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
+            if post_norms:
+                residual = h2 = node("Add", [o, residual], [f"/{p}/attn/residual"], f"/{p}/attn/Add")
+            else:
+                ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
+                ln2 = init(ln2_key, w[ln2_key])
+                h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
+                                          [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
+                                          domain="com.microsoft", epsilon=eps)
+            gu_ = linear(h2, [f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj"], f"/{p}/mlp/gate_up_proj")
+            g, u = node("Split", [gu_], [f"/{p}/mlp/gate", f"/{p}/mlp/up"], f"/{p}/mlp/Split", axis=-1,
+                        num_outputs=2)
+            if gemma:  # gelu_pytorch_tanh: FastGelu is the same tanh approximation
+                act = node("FastGelu", [g], [f"/{p}/mlp/gelu"], f"/{p}/mlp/FastGelu", domain="com.microsoft")
+            else:
+                sg = node("Sigmoid", [g], [f"/{p}/mlp/sigmoid"], f"/{p}/mlp/Sigmoid")
+                act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
+            gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
+            pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
+            if gemma or post_norms:
+                pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
+        final = init("model.norm.weight", w["model.norm.weight"])
+        # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)
+        hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], [HIDDEN_STATES],
+                  "/model/norm", domain="com.microsoft", epsilon=eps)
     # the last LOGITS_TAIL positions (a decode step has one; a draft's verification up to
     # that many, runtime/drafting.py): a few more lm_head rows per prefill chunk
     last = node("Slice", [hn, init("last_start", np.array([-LOGITS_TAIL], np.int64)),
@@ -415,7 +426,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     head = w["model.embed_tokens.weight"] if head is None else head  # tied embeddings
     if granite and float(cfg.get("logits_scaling", 1.0)) != 1.0:
         head = head / np.float32(cfg["logits_scaling"])
-    node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits"], "/lm_head/MatMul")
+    cap = getattr(g3n, "final_logit_softcapping", None)
+    logits = node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits" if not cap else "/lm_head/out"],
+                  "/lm_head/MatMul")
+    if cap:  # tanh(logits / cap) * cap
+        capped = node("Tanh", [node("Mul", [logits, init("/softcap/inv", np.array(1.0 / cap, np.float32))],
+                                    ["/softcap/scaled"], "/softcap/Scale")], ["/softcap/tanh"], "/softcap/Tanh")
+        node("Mul", [capped, init("/softcap/cap", np.array(cap, np.float32))], ["logits"], "/softcap/Mul")
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     kv_shape = ["batch", n_kv, "past_len", head_dim]

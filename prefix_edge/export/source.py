@@ -29,7 +29,8 @@ def default_model_path() -> Path:
 
 
 def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
-    """Return an HF model dir (config.json + weights + tokenizer) for `model`. A GGUF source is
+    """Return an HF model dir (config.json + weights + tokenizer) for `model`; a multimodal one's
+    text path (export/text_only.py) is written under `workdir`. A GGUF source is
     de-quantized through transformers (the slow part): `before_model(tokenizer, n_ctx)` is called
     first, with its tokenizer and context length (export checks its tasks' prefixes there)."""
     model = Path(model)
@@ -58,6 +59,11 @@ def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
     if model.is_dir():
         if not (model / "config.json").is_file():
             raise PrefixEdgeError(f"{model}: not an HF model dir (no config.json)")
+        from .text_only import text_path, write_text_only
+
+        cfg = json.loads((model / "config.json").read_text())
+        if text_path(cfg):  # a multimodal checkpoint (Gemma 3n): its text path, as its own dir
+            return write_text_only(model, cfg, workdir / "hf-text")
         return model
     if not model.exists():
         raise PrefixEdgeError(f"{model}: no such file or directory")

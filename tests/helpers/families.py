@@ -100,3 +100,67 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
     if not sentencepiece:  # (a SentencePiece one is saved as it ships, by train_sentencepiece)
         tokenizer.save_pretrained(out)
     return model, tokenizer
+
+
+# Gemma 3n as real checkpoints ship it: Gemma3nForConditionalGeneration (vision and audio towers
+# beside the text model, its config under text_config), the text model in E2B's shape at width
+# 64: four sliding layers then a global one, the last layers KV-shared, AltUp's 4 streams,
+# LAuReL, per-layer embeddings, activation sparsity on the first 10 layers, logit soft-capping.
+# llama.cpp fixes some of it in code rather than reading the GGUF (llama-hparams.h, llama-model.cpp):
+# the per-layer input 256, LAuReL's rank 64, sparsity on layers 0-9, and the first shared layer,
+# 20 (E2B's 30 - 10 and E4B's 35 - 15), each shared layer reading layer 18 (sliding) or 19
+# (global); so these are E2B's, and 25 layers share the last 5. The vocabulary: the text tokens,
+# then the vision and audio tokens' slots; unlike E2B's, the per-layer embeddings have rows for
+# those slots too (E2B's stop at the text tokens: its text-only class cannot read a slot's id,
+# which a random model's greedy reply can reach). The towers are timm's smallest test network
+# and a one-block conformer (export never reads them). The MLP is 1024 wide: llama.cpp's sparsity
+# cut takes the gate's std over n - 1, transformers' over n (0.4% apart at 128 wide, 0.06% here,
+# 0.006% at E2B's 8192).
+GEMMA3N_TEXT = dict(
+    hidden_size=64, hidden_size_per_layer_input=256, intermediate_size=1024, num_hidden_layers=25,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+    layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 5, num_kv_shared_layers=5,
+    laurel_rank=64, altup_num_inputs=4, activation_sparsity_pattern=[0.95] * 10 + [0.0] * 15,
+    max_position_embeddings=256, rope_theta=1e6, rope_local_base_freq=10000.0, final_logit_softcapping=30.0,
+    rms_norm_eps=1e-6, initializer_range=0.02)
+GEMMA3N_EXTRA_VOCAB = 16  # each of the vision and audio tokens' slots
+
+
+def build_gemma3n(out: Path, sentencepiece: bool = False, **text_overrides):
+    """A seeded tiny Gemma3nForConditionalGeneration saved in `out` with its tokenizer; returns
+    (model, tokenizer). Every norm weight, AltUp's output scale and the biases-free projections are
+    drawn (HF inits some to 0 or 1: both paths would then be untested)."""
+    import torch
+    from transformers import (Gemma3nAudioConfig, Gemma3nConfig, Gemma3nForConditionalGeneration,
+                              Gemma3nTextConfig, Gemma3nVisionConfig)
+
+    tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
+    n_text = len(tokenizer)
+    text = Gemma3nTextConfig(
+        vocab_size=n_text + 2 * GEMMA3N_EXTRA_VOCAB, vocab_size_per_layer_input=n_text + 2 * GEMMA3N_EXTRA_VOCAB,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        # the padding row is zeros (nn.Embedding's padding_idx), which llama.cpp's AltUp divides
+        # by (its magnitude has no epsilon: NaN), so it is a slot no prompt uses, as E2B's <pad>
+        pad_token_id=n_text + 2 * GEMMA3N_EXTRA_VOCAB - 1,
+        **{**GEMMA3N_TEXT, **text_overrides})
+    vision = Gemma3nVisionConfig(architecture="test_vit", hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB,
+                                 vocab_offset=n_text)
+    audio = Gemma3nAudioConfig(hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB, vocab_offset=n_text + GEMMA3N_EXTRA_VOCAB,
+                               conf_num_hidden_layers=1, conf_num_attention_heads=2, sscp_conv_channel_size=[8, 8],
+                               conf_attention_chunk_size=4, conf_attention_context_left=5, conf_attention_context_right=0)
+    config = Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio,
+                           boi_token_id=n_text, eoi_token_id=n_text + 1, image_token_id=n_text + 2,
+                           boa_token_id=n_text + 16, eoa_token_id=n_text + 17, audio_token_id=n_text + 18)
+    torch.manual_seed(0)
+    model = Gemma3nForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith("model.language_model."):
+                continue
+            if "norm" in name or "correct_output_scale" in name:
+                p.uniform_(0.5, 1.5)
+    model = model.eval()
+    model.save_pretrained(out)
+    if not sentencepiece:
+        tokenizer.save_pretrained(out)
+    return model, tokenizer

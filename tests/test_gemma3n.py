@@ -1,0 +1,192 @@
+"""Gemma 3n as its checkpoints ship (Gemma3nForConditionalGeneration: vision and audio towers
+beside the text model, a SentencePiece tokenizer.model), a tiny seeded one in E2B's shape
+(tests/helpers/families.py build_gemma3n), exported once by the default command's formats
+(`--quantize none`, f32 GGUF weights):
+- export reads the text path (export/text_only.py): the same logits as the multimodal class;
+- the own ONNX graph (export/onnx_gemma3n.py: AltUp, LAuReL, per-layer inputs, KV-shared
+  layers, activation sparsity, soft-capping) gives transformers' logits at every position,
+  stepped, whole and in chunks, past the sliding window; llama.cpp's gemma3n graph agrees
+  within its F16 cache's noise;
+- a baked prefix is its prefill on both engines; a KV-shared layer's cache is its source's;
+- what llama.cpp fixes in code (first shared layer 20, per-layer input 256 ...) is refused for
+  the GGUF in one line, and the default formats then give the onnx bundle alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+from prefix_edge.errors import PrefixEdgeError
+
+from .helpers.families import GEMMA3N_TEXT, build_gemma3n
+from .helpers.parity import baked_and_prefilled
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("llama_cpp")
+
+ATOL = 1e-4
+GGUF_TIE = 0.1  # f32 weights, llama.cpp's F16 KV cache: tests/test_hybrid_gguf.py's bound
+N = 8
+TASKS = f'''
+[task.support]
+system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
+max_tokens = {N}
+
+[task.raw]
+kind = "text"
+prefix = "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,141 apples. "
+template = "{{input}} =>"
+max_tokens = {N}
+'''
+INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from prefix_edge.export.build import export_bundle
+
+    root = tmp_path_factory.mktemp("gemma3n")
+    model, tok = build_gemma3n(root / "model", sentencepiece=True)
+    (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    manifest = export_bundle(root / "model", root / "tasks.toml", root / "bundle", quantize="none",
+                             gguf_quant="f32", progress=False)
+    return model, tok, root, manifest
+
+
+def _ids(tok) -> list[list[int]]:
+    prompts = [tok.encode(t, add_special_tokens=False) for t in INPUTS]
+    prompts.append(np.random.default_rng(0).integers(0, len(tok), 40).tolist())  # past the window (8)
+    return prompts
+
+
+def test_text_path_is_the_multimodal_model(exported, tmp_path):
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from prefix_edge.export.text_only import write_text_only
+
+    model, tok, root, manifest = exported
+    assert type(model).__name__ == "Gemma3nForConditionalGeneration"
+    assert (manifest.model.architecture, manifest.model.n_layers) == ("Gemma3nForCausalLM", 25)
+    src = root / "model"
+    text = write_text_only(src, json.loads((src / "config.json").read_text()), tmp_path / "text")
+    with safe_open(str(text / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    assert names and all(n.startswith("model.") and "tower" not in n and "embed_vision" not in n for n in names)
+    assert (text / "tokenizer.model").is_file()
+    lm = AutoModelForCausalLM.from_pretrained(str(text)).eval()
+    assert type(lm).__name__ == "Gemma3nForCausalLM"
+    for ids in _ids(tok):
+        with torch.no_grad():
+            a = model(torch.tensor([ids])).logits
+            b = lm(torch.tensor([ids])).logits
+        assert torch.equal(a, b)
+
+
+def test_onnx_logits_match_transformers_at_every_position(exported):
+    import torch
+
+    model, tok, root, manifest = exported
+    assert manifest.extra["fidelity"]["onnx"]["first_token_agrees"] == manifest.extra["fidelity"]["onnx"]["probes"]
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        for ids in _ids(tok):
+            with torch.no_grad():  # with its cache: KV-shared layers read their source's (as served)
+                ref = model(torch.tensor([ids]), use_cache=True).logits[0].numpy()
+            be.begin(None)
+            stepped = np.array([be.prefill(np.array(ids[:1], np.int64))] + [be.step(t) for t in ids[1:]])
+            be.begin(None)
+            whole = be.prefill(np.array(ids, np.int64))
+            cut = len(ids) // 2 + 1
+            be.begin(None)
+            chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
+            for what, got, want in (("stepped", stepped, ref), ("whole", whole, ref[-1]),
+                                    ("chunks", chunks, ref[[cut - 1, -1]])):
+                assert np.max(np.abs(got - want)) <= ATOL, (what, len(ids))
+
+
+def test_gguf_matches_transformers(exported):
+    import torch
+
+    model, tok, root, manifest = exported
+    fid = manifest.extra["fidelity"]["gguf"]
+    assert fid["max_abs_logit_diff_first_token"] <= GGUF_TIE and fid["first_token_agrees"] == fid["probes"], fid
+    with Runtime.open(root / "bundle", backend="gguf") as rt:
+        be = rt.backend
+        lay = be.state_layout  # E2B's pattern: 4 global and 16 sliding layers hold KV, 5 share
+        assert (lay.kv_layers, lay.window_layers, lay.window, be.keeps_partial) == (4, 16, 8, False), lay
+        for ids in _ids(tok):
+            with torch.no_grad():
+                ref = model(torch.tensor([ids]), use_cache=True).logits[0, -1].numpy()
+            be.begin(None)
+            assert np.max(np.abs(be.prefill(np.array(ids, np.int64)) - ref)) <= GGUF_TIE
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_baked_prefix_is_the_prefill(exported, backend):
+    _, _, root, _ = exported
+    with Runtime.open(root / "bundle", backend=backend) as rt:
+        for task in ("support", "raw"):
+            for text in INPUTS:
+                baked, full = baked_and_prefilled(rt, task, text)
+                # llama.cpp: a restored state's sliding-window cache holds the window's cells, a
+                # prefilled one every cell (the rest masked): the same attention summed over
+                # another cell count, float noise that 25 random layers grow to ~1e-3 at most
+                assert np.max(np.abs(baked - full)) < (1e-4 if backend == "onnx" else 2e-3), (task, text)
+                a = rt.generate(task, text, max_tokens=N)
+                b = rt.generate(task, text, max_tokens=N, use_prefix_cache=False)
+                assert a.tokens == b.tokens and len(a.tokens) > 0, (backend, task, text)
+
+
+def test_kv_shared_layers_cache_their_source(exported):
+    """The ONNX graph feeds a KV-shared layer its source layer's keys and values, so its cache
+    is a copy: the baked prefix shows it (layers 20-23 slide and read 18, 24 reads 19)."""
+    from prefix_edge.export.onnx_gemma3n import kv_sources
+
+    _, _, root, _ = exported
+    types = GEMMA3N_TEXT["layer_types"]
+    sources = kv_sources(types, GEMMA3N_TEXT["num_kv_shared_layers"])
+    assert sources[20:] == [18, 18, 18, 18, 19] and sources[:20] == list(range(20))
+    with Runtime.open(root / "bundle", backend="onnx") as rt:
+        prefix, _ = rt.prefixes.get("support")
+        kv = rt.backend.kv_of(prefix)
+        keys, values = kv.k, kv.v
+        for i in range(20, 25):
+            assert np.array_equal(keys[i], keys[sources[i]]) and np.array_equal(values[i], values[sources[i]]), i
+        assert not np.array_equal(keys[18], keys[19])
+
+
+def test_gguf_refuses_what_llama_cpp_fixes_in_code(tmp_path):
+    from prefix_edge.export.gguf import refuse_unsupported
+
+    refuse_unsupported({"model_type": "gemma3n", "text_config": dict(GEMMA3N_TEXT)})  # E2B's shape: fine
+    dense = {**GEMMA3N_TEXT, "num_hidden_layers": 12, "num_kv_shared_layers": 0,
+             "layer_types": GEMMA3N_TEXT["layer_types"][:12], "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 2}
+    refuse_unsupported({"model_type": "gemma3n_text", **dense})  # no sharing, under 20 layers: the same
+    for bad, words in (({"num_kv_shared_layers": 3}, "the last 3 KV-shared"), ({"laurel_rank": 8}, "laurel_rank 8"),
+                       ({"hidden_size_per_layer_input": 128}, "hidden_size_per_layer_input 128"),
+                       ({"activation_sparsity_pattern": [0.9] * 10 + [0.0] * 15}, "activation_sparsity_pattern")):
+        with pytest.raises(PrefixEdgeError, match=words) as e:
+            refuse_unsupported({"model_type": "gemma3n", "text_config": {**GEMMA3N_TEXT, **bad}})
+        assert "\n" not in str(e.value) and "--format onnx" in str(e.value)
+    # the CLI: --format gguf is one line and exit 1; the default formats give the onnx bundle
+    build_gemma3n(tmp_path / "model", num_kv_shared_layers=3)
+    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    base = [sys.executable, "-m", "prefix_edge", "export", str(tmp_path / "model"), "--tasks",
+            str(tmp_path / "tasks.toml"), "--quantize", "none"]
+    r = subprocess.run(base + ["--format", "gguf", "--out", str(tmp_path / "g")], capture_output=True, text=True)
+    assert r.returncode == 1 and "the last 3 KV-shared" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "g").exists()
+    r = subprocess.run(base + ["--out", str(tmp_path / "b")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "gguf backend skipped" in r.stderr
+    from prefix_edge.bundle import Bundle
+
+    assert set(Bundle.open(tmp_path / "b").manifest.backends) == {"onnx"}
