@@ -1,8 +1,10 @@
 """Gemma 3n as its checkpoints ship (Gemma3nForConditionalGeneration: vision and audio towers
-beside the text model, a SentencePiece tokenizer.model), a tiny seeded one in E2B's shape
+beside the text model, a SentencePiece tokenizer.model), a tiny seeded one in E2B's shape whose
+reference is transformers' text class (the one the multimodal class runs on text)
 (tests/helpers/families.py build_gemma3n), exported once by the default command's formats
 (`--quantize none`, f32 GGUF weights):
-- export reads the text path (export/text_only.py): the same logits as the multimodal class;
+- export reads the text path (export/text_only.py): the text config and the language model's
+  weights, none of the towers', as transformers' Gemma3nForCausalLM;
 - the own ONNX graph (export/onnx_gemma3n.py: AltUp, LAuReL, per-layer inputs, KV-shared
   layers, activation sparsity, soft-capping) gives transformers' logits at every position,
   stepped, whole and in chunks, past the sliding window; llama.cpp's gemma3n graph agrees
@@ -73,10 +75,11 @@ def test_text_path_is_the_multimodal_model(exported, tmp_path):
     from prefix_edge.export.text_only import write_text_only
 
     model, tok, root, manifest = exported
-    assert type(model).__name__ == "Gemma3nForConditionalGeneration"
-    assert (manifest.model.architecture, manifest.model.n_layers) == ("Gemma3nForCausalLM", 25)
     src = root / "model"
-    text = write_text_only(src, json.loads((src / "config.json").read_text()), tmp_path / "text")
+    cfg = json.loads((src / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma3nForConditionalGeneration"] and "text_config" in cfg
+    assert (manifest.model.architecture, manifest.model.n_layers) == ("Gemma3nForCausalLM", 25)
+    text = write_text_only(src, cfg, tmp_path / "text")
     with safe_open(str(text / "model.safetensors"), framework="pt") as f:
         names = list(f.keys())
     assert names and all(n.startswith("model.") and "tower" not in n and "embed_vision" not in n for n in names)
@@ -117,7 +120,7 @@ def test_gguf_matches_transformers(exported):
 
     model, tok, root, manifest = exported
     fid = manifest.extra["fidelity"]["gguf"]
-    assert fid["max_abs_logit_diff_first_token"] <= GGUF_TIE and fid["first_token_agrees"] == fid["probes"], fid
+    assert fid["max_abs_logit_diff_first_token"] <= GGUF_TIE and fid["non_finite"] == 0, fid
     with Runtime.open(root / "bundle", backend="gguf") as rt:
         be = rt.backend
         lay = be.state_layout  # E2B's pattern: 4 global and 16 sliding layers hold KV, 5 share
@@ -126,7 +129,10 @@ def test_gguf_matches_transformers(exported):
             with torch.no_grad():
                 ref = model(torch.tensor([ids]), use_cache=True).logits[0, -1].numpy()
             be.begin(None)
-            assert np.max(np.abs(be.prefill(np.array(ids, np.int64)) - ref)) <= GGUF_TIE
+            got = be.prefill(np.array(ids, np.int64))
+            d = float(np.max(np.abs(got - ref)))
+            top2 = np.sort(ref)[-2:]
+            assert d <= GGUF_TIE and (top2[1] - top2[0] <= 2 * d or np.argmax(got) == np.argmax(ref)), (len(ids), d)
 
 
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
@@ -140,9 +146,24 @@ def test_baked_prefix_is_the_prefill(exported, backend):
                 # prefilled one every cell (the rest masked): the same attention summed over
                 # another cell count, float noise that 25 random layers grow to ~1e-3 at most
                 assert np.max(np.abs(baked - full)) < (1e-4 if backend == "onnx" else 2e-3), (task, text)
-                a = rt.generate(task, text, max_tokens=N)
-                b = rt.generate(task, text, max_tokens=N, use_prefix_cache=False)
-                assert a.tokens == b.tokens and len(a.tokens) > 0, (backend, task, text)
+                a = rt.generate(task, text, max_tokens=N, logprobs=2)
+                b = rt.generate(task, text, max_tokens=N, logprobs=2, use_prefix_cache=False)
+                if backend == "onnx":
+                    assert a.tokens == b.tokens and len(a.tokens) > 0, (task, text)
+                else:  # that noise may flip a near tie of this random model, and nothing else
+                    _agree_until_a_near_tie(b, a, 1e-2)
+
+
+def _agree_until_a_near_tie(ref, got, noise: float) -> None:
+    """Greedy replies of two runs whose logits differ by float noise: the same tokens up to the
+    first step where they differ, whose top two in `ref` are then within `noise`."""
+    assert ref.tokens
+    for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)):
+        if x != y:
+            best = sorted((lp for _, lp in ref.logprobs[i][2]), reverse=True)
+            assert best[0] - best[1] <= noise, (i, best)
+            return
+    assert ref.tokens == got.tokens
 
 
 def test_kv_shared_layers_cache_their_source(exported):
@@ -190,3 +211,27 @@ def test_gguf_refuses_what_llama_cpp_fixes_in_code(tmp_path):
     from prefix_edge.bundle import Bundle
 
     assert set(Bundle.open(tmp_path / "b").manifest.backends) == {"onnx"}
+
+
+@pytest.mark.parametrize("kind", ["prompt", "prefix"])
+def test_peft_adapters_are_refused_in_one_line(exported, kind, tmp_path):
+    """PEFT's prompt tuning runs Gemma 3n on embeddings (no per-layer inputs), and its prefix
+    tuning's shared layers read their source's prefix: neither is baked, said before any model
+    is built."""
+    import json
+
+    from prefix_edge.export.build import export_bundle
+    from prefix_edge.export.text_only import write_text_only
+
+    from .helpers.adapters import make_adapter
+
+    _, _, root, _ = exported
+    src = root / "model"
+    text = write_text_only(src, json.loads((src / "config.json").read_text()), tmp_path / "text")
+    make_adapter(text, kind, tmp_path / "adapter", seed=3)
+    (tmp_path / "tasks.toml").write_text('[task.tuned]\nkind = "peft"\nadapter = "adapter"\nchat = false\n',
+                                         encoding="utf-8")
+    with pytest.raises(PrefixEdgeError, match="on Gemma 3n, which prefix-edge does not bake") as e:
+        export_bundle(src, tmp_path / "tasks.toml", tmp_path / "bundle", quantize="none", gguf_quant="f32",
+                      progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "bundle").exists()

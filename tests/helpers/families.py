@@ -112,8 +112,7 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
 # (global); so these are E2B's, and 25 layers share the last 5. The vocabulary: the text tokens,
 # then the vision and audio tokens' slots; unlike E2B's, the per-layer embeddings have rows for
 # those slots too (E2B's stop at the text tokens: its text-only class cannot read a slot's id,
-# which a random model's greedy reply can reach). The towers are timm's smallest test network
-# and a one-block conformer (export never reads them). The MLP is 1024 wide: llama.cpp's sparsity
+# which a random model's greedy reply can reach). The MLP is 1024 wide: llama.cpp's sparsity
 # cut takes the gate's std over n - 1, transformers' over n (0.4% apart at 128 wide, 0.06% here,
 # 0.006% at E2B's 8192).
 GEMMA3N_TEXT = dict(
@@ -127,40 +126,51 @@ GEMMA3N_EXTRA_VOCAB = 16  # each of the vision and audio tokens' slots
 
 
 def build_gemma3n(out: Path, sentencepiece: bool = False, **text_overrides):
-    """A seeded tiny Gemma3nForConditionalGeneration saved in `out` with its tokenizer; returns
-    (model, tokenizer). Every norm weight, AltUp's output scale and the biases-free projections are
-    drawn (HF inits some to 0 or 1: both paths would then be untested)."""
+    """A seeded tiny Gemma 3n checkpoint saved in `out` as Gemma3nForConditionalGeneration
+    ships (its config.json, the text model's weights under model.language_model., the towers'
+    beside them) with its tokenizer; returns (the text model, tokenizer): transformers'
+    Gemma3nForCausalLM, the class whose forward the multimodal one runs on text. The towers are
+    made without their class (which needs timm): a few seeded tensors under their names, which
+    export must not read. Every norm weight and AltUp's output scale are drawn (HF inits them to
+    1 or 0: both paths would then be untested)."""
     import torch
-    from transformers import (Gemma3nAudioConfig, Gemma3nConfig, Gemma3nForConditionalGeneration,
-                              Gemma3nTextConfig, Gemma3nVisionConfig)
+    from safetensors.torch import save_file
+    from transformers import Gemma3nAudioConfig, Gemma3nConfig, Gemma3nForCausalLM, Gemma3nTextConfig, Gemma3nVisionConfig
 
     tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
     n_text = len(tokenizer)
+    vocab = n_text + 2 * GEMMA3N_EXTRA_VOCAB
     text = Gemma3nTextConfig(
-        vocab_size=n_text + 2 * GEMMA3N_EXTRA_VOCAB, vocab_size_per_layer_input=n_text + 2 * GEMMA3N_EXTRA_VOCAB,
+        vocab_size=vocab, vocab_size_per_layer_input=vocab,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         # the padding row is zeros (nn.Embedding's padding_idx), which llama.cpp's AltUp divides
         # by (its magnitude has no epsilon: NaN), so it is a slot no prompt uses, as E2B's <pad>
-        pad_token_id=n_text + 2 * GEMMA3N_EXTRA_VOCAB - 1,
-        **{**GEMMA3N_TEXT, **text_overrides})
-    vision = Gemma3nVisionConfig(architecture="test_vit", hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB,
-                                 vocab_offset=n_text)
-    audio = Gemma3nAudioConfig(hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB, vocab_offset=n_text + GEMMA3N_EXTRA_VOCAB,
-                               conf_num_hidden_layers=1, conf_num_attention_heads=2, sscp_conv_channel_size=[8, 8],
-                               conf_attention_chunk_size=4, conf_attention_context_left=5, conf_attention_context_right=0)
-    config = Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio,
-                           boi_token_id=n_text, eoi_token_id=n_text + 1, image_token_id=n_text + 2,
-                           boa_token_id=n_text + 16, eoa_token_id=n_text + 17, audio_token_id=n_text + 18)
+        pad_token_id=vocab - 1, **{**GEMMA3N_TEXT, **text_overrides})
     torch.manual_seed(0)
-    model = Gemma3nForConditionalGeneration(config)
+    model = Gemma3nForCausalLM(text)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if not name.startswith("model.language_model."):
-                continue
             if "norm" in name or "correct_output_scale" in name:
                 p.uniform_(0.5, 1.5)
     model = model.eval()
-    model.save_pretrained(out)
+    vision = Gemma3nVisionConfig(hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB, vocab_offset=n_text)
+    audio = Gemma3nAudioConfig(hidden_size=32, vocab_size=GEMMA3N_EXTRA_VOCAB, vocab_offset=n_text + GEMMA3N_EXTRA_VOCAB)
+    config = Gemma3nConfig(text_config=text, vision_config=vision, audio_config=audio,
+                           boi_token_id=n_text, eoi_token_id=n_text + 1, image_token_id=n_text + 2,
+                           boa_token_id=n_text + 16, eoa_token_id=n_text + 17, audio_token_id=n_text + 18)
+    config.architectures = ["Gemma3nForConditionalGeneration"]
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    weights = {"model.language_model." + k[len("model."):]: v.contiguous() for k, v in model.state_dict().items()
+               if k.startswith("model.")}
+    g = torch.Generator().manual_seed(1)
+    for name, shape in (("model.vision_tower.timm_model.conv_stem.conv.weight", (8, 3, 3, 3)),
+                        ("model.audio_tower.subsample_conv_projection.input_proj_linear.weight", (32, 16)),
+                        ("model.embed_vision.embedding.weight", (GEMMA3N_EXTRA_VOCAB, 32)),
+                        ("model.embed_audio.embedding_projection.weight", (64, 32))):
+        weights[name] = torch.randn(shape, generator=g)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     if not sentencepiece:
         tokenizer.save_pretrained(out)
     return model, tokenizer
