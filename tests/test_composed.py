@@ -180,8 +180,8 @@ def test_a_hit_equals_a_miss_in_any_order(bundle_int4, backend):
                     "<|im_end|>\n<|im_start|>user\n" + ASK[0]["content"] + "<|im_end|>\n<|im_start|>assistant\n").ids)
             else:
                 assert r.stats.cached_tokens == sum(n_doc) - 4 * 2  # every document from the cache
-        info = rt.memory()["document_cache"]
-        assert 0 < info["bytes"] <= info["budget_bytes"]
+        info = rt.engine_info()["document_cache"]
+        assert 0 < info["bytes"] <= info["budget_bytes"] and info["bytes"] <= rt.memory()["host_cache"]["bytes"]
         assert rt.engine_info()["document_cache"]["documents"] == 3
         assert rt.engine_info()["document_cache"]["composed_states"] == 3
     # reordered, the answer is not the prefilled one's in general: composing is opt-in
@@ -214,7 +214,7 @@ def test_threads_a_small_cache_and_a_cancelled_composition_change_no_answer(bund
             t.join(120)
         assert not errors
         assert all(got[i] == [want[i], want[i]] for i in range(len(orders)))
-        info = rt.memory()["document_cache"]
+        info = rt.engine_info()["document_cache"]
         assert info["bytes"] <= 30_000 and rt.engine_info()["document_cache"]["evictions"] > 0
 
 
@@ -243,9 +243,12 @@ def test_the_server_composes_as_the_library_does(client, local, server):
     import httpx
 
     metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(server + "/metrics").text.splitlines()
-                   if ln.startswith("prefix_edge_document_cache_"))
+                   if ln.startswith(("prefix_edge_document_cache_", "prefix_edge_host_cache_")))
     assert float(metrics["prefix_edge_document_cache_hits_total"]) >= 2
     assert 0 < float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_document_cache_budget_bytes"])
+    # the prompt and document caches' one budget holds both
+    assert float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_host_cache_bytes"]) \
+        <= float(metrics["prefix_edge_host_cache_budget_bytes"])
 
 
 # -- a template with a documents section of its own ------------------------------------------

@@ -27,6 +27,7 @@ def serve(
     shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
     prompt_cache: int = typer.Option(512, "--prompt-cache", "--turn-cache", help="MiB of host memory for the KV of prompts already read: a request starting with the same tokens (the same documents or system prompt, a conversation's next turn) prefills only the rest; 0: off."),
     document_cache: int = typer.Option(512, "--document-cache", help="MiB of host memory for documents' KV kept for compose_documents=true requests (each document computed once, composed in any order); 0: off."),
+    cache: int = typer.Option(512, "--cache", help="MiB of host memory for the prompt and document caches together (the entry used longest ago, in either, goes first; each keeps its own cap too)."),
     prompt_cache_disk: int = typer.Option(2048, "--prompt-cache-disk", help="MiB of disk (under the home directory) for the prompts that keep coming back, so that a restarted server starts warm; 0: off."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     stored_responses: int = typer.Option(MAX_STORED, "--stored-responses", help="/v1/responses kept for previous_response_id and GET (the oldest dropped beyond; 0: none)."),
@@ -55,7 +56,7 @@ def serve(
         args = {"bundle": str(bundle) if bundle else None, "replicas": replicas, "tasks_per_replica": tasks_per_replica,
                 "backend": backend, "device": device, "threads": threads, "slots": slots,
                 "prompt_cache": prompt_cache, "prompt_cache_disk": prompt_cache_disk,
-                "document_cache": document_cache, "api_key": api_key}
+                "document_cache": document_cache, "cache": cache, "api_key": api_key}
         if ray_config:
             write_config(ray_config, args, host, port)
             typer.echo(f"wrote {ray_config}: `serve deploy {ray_config}` (set api_key in its args yourself)", err=True)
@@ -89,7 +90,7 @@ def serve(
                           queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv,
                           prompt_cache_bytes=max(0, prompt_cache) << 20,
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
-                          document_cache_bytes=max(0, document_cache) << 20)
+                          document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20)
         application = create_app(rt, api_key=api_key,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout,

@@ -35,7 +35,7 @@ from .store import ResponseStore, SharedResponses
 
 DEFAULTS: dict[str, Any] = {"bundle": None, "replicas": 2, "tasks_per_replica": 8, "backend": "auto",
                             "device": "cpu", "threads": None, "slots": 4, "api_key": None,
-                            "prompt_cache": 256, "prompt_cache_disk": 2048, "document_cache": 256,
+                            "prompt_cache": 256, "prompt_cache_disk": 2048, "document_cache": 256, "cache": 256,
                             "stored_responses_mb": 64}
 BASE = "base"
 HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the HTTP layer
@@ -246,7 +246,8 @@ def build(args: dict) -> Any:
             # share the disk tier's folder (several processes may: prompt_files.py)
             "prompt_cache_bytes": max(0, int(a.get("turn_cache", a["prompt_cache"]))) << 20,
             "prompt_cache_disk_bytes": max(0, int(a["prompt_cache_disk"])) << 20,
-            "document_cache_bytes": max(0, int(a["document_cache"])) << 20}
+            "document_cache_bytes": max(0, int(a["document_cache"])) << 20,
+            "cache_bytes": max(0, int(a["cache"])) << 20}
     store = ResponseStore.bind(max(1, int(a["stored_responses_mb"])) << 20)
     replica = _replica_deployment(int(a["tasks_per_replica"])).options(num_replicas=int(a["replicas"]))
     return _ingress(names, a["api_key"]).bind(replica.bind(bundle, opts, store), store)

@@ -22,6 +22,7 @@ from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
 from .embedding import Embedder
+from .cache.budget import DEFAULT_BYTES as CACHE_BYTES, HostBudget
 from .cache.documents import DEFAULT_BYTES as DOCUMENT_CACHE_BYTES, DocumentKv
 from .cache.prompts import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
 
@@ -69,12 +70,13 @@ class Runtime:
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
                  verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
                  prompt_cache_disk: tuple[int, int, int] = (0, 2, 256),
-                 document_cache_bytes: int = DOCUMENT_CACHE_BYTES):
+                 document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
         self.fingerprint, self.prefill_chunk = fingerprint, prefill_chunk
-        self.prompts = PromptCache(prompt_cache_bytes, prefill_chunk, backend.keeps_partial)
+        self.host = HostBudget(cache_bytes)  # one budget over the prompt and document caches
+        self.prompts = PromptCache(prompt_cache_bytes, prefill_chunk, backend.keeps_partial, self.host)
         disk_bytes, disk_hits, disk_tokens = prompt_cache_disk
         if disk_bytes and prompt_cache_bytes:  # files are read into, and written from, memory
             from ..paths import prompt_cache_dir
@@ -94,7 +96,7 @@ class Runtime:
                                 kv_cells=opened.kv_cells)
         self.requests = Requests(bundle, tokenizer, backend, self.n_ctx, self.prefixes, self.prompts,
                                  self._prefix_lock, lambda: self._sched.closed)
-        self.documents = DocumentKv(document_cache_bytes)  # composed documents' KV (compose.py)
+        self.documents = DocumentKv(document_cache_bytes, self.host)  # composed documents' KV (compose.py)
         self.requests.documents, self.requests.prefill_chunk = self.documents, prefill_chunk
         if opened.shared_kv and opened.kv_cells:  # no max_tokens: a slot's share of the one cache
             self.requests.open_cells = opened.kv_cells // slots
@@ -135,7 +137,7 @@ class Runtime:
              shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
-             document_cache_bytes: int = DOCUMENT_CACHE_BYTES) -> "Runtime":
+             document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -155,7 +157,9 @@ class Runtime:
         kept under the home directory so that a new runtime of this model starts warm
         (prompt_files.py; 0, the default: off; `serve` keeps 2 GiB). document_cache_bytes:
         host memory for documents' KV kept for `compose_documents=True` (compose.py; 0: off,
-        every composed document is computed again). verify: "cached"
+        every composed document is computed again). cache_bytes: one budget over those two
+        (cache/budget.py: the entry used longest ago, in either, goes first; each also keeps
+        its own cap). verify: "cached"
         reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
         "full" always hashes."""
         from tokenizers import Tokenizer
@@ -171,7 +175,8 @@ class Runtime:
                                  ("prompt_cache_disk_bytes", prompt_cache_disk_bytes, 0),
                                  ("prompt_cache_disk_hits", prompt_cache_disk_hits, 1),
                                  ("prompt_cache_disk_tokens", prompt_cache_disk_tokens, 1),
-                                 ("document_cache_bytes", document_cache_bytes, 0)):
+                                 ("document_cache_bytes", document_cache_bytes, 0),
+                                 ("cache_bytes", cache_bytes, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
@@ -203,7 +208,7 @@ class Runtime:
                    verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
                    else turn_cache_bytes,
                    prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens),
-                   document_cache_bytes=document_cache_bytes)
+                   document_cache_bytes=document_cache_bytes, cache_bytes=cache_bytes)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -315,13 +320,14 @@ class Runtime:
             return self.prefixes.drop(task)
 
     def memory(self) -> dict[str, dict]:
-        """Host memory each of the runtime's stores holds now and its budget, in bytes: the
-        prompt cache, the loaded task prefixes, the resident prefixes (llama.cpp shared_kv:
+        """Host memory each of the runtime's stores holds now and its budget, in bytes (the
+        budgets sum to a bound): the prompt and document caches under their one budget
+        (host_cache; each one's own in engine_info()), the loaded task prefixes, the resident prefixes (llama.cpp shared_kv:
         cells of its KV cache) and the engine's spare KV buffers (onnx)."""
         s = self._sched
         with self._prefix_lock:
             prefixes = self.prefixes.info()
-        out = {"prompt_cache": self.prompts.info(), "document_cache": self.documents.info(),
+        out = {"host_cache": self.host.info(),
                "task_prefixes": prefixes,
                "resident_prefixes": {"bytes": sum(r["bytes"] for r in s.resident_info().values()),
                                      "budget_bytes": s.resident_bytes}}
@@ -339,4 +345,4 @@ class Runtime:
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
-                "document_cache": self.documents.info(), **s.stats}
+                "document_cache": self.documents.info(), "host_cache": self.host.info(), **s.stats}

@@ -81,6 +81,10 @@ class Metrics:
                 f"prefix_edge_prompt_cache_bytes {prompts.get('bytes', 0)}",
                 "# TYPE prefix_edge_prompt_cache_budget_bytes gauge",
                 f"prefix_edge_prompt_cache_budget_bytes {prompts.get('budget_bytes', 0)}"]
+        host = engine.get("host_cache") or {}  # the two caches' one budget (cache/budget.py)
+        for name, kind, key in (("bytes", "gauge", "bytes"), ("budget_bytes", "gauge", "budget_bytes"),
+                                ("evictions_total", "counter", "evictions")):
+            out += [f"# TYPE prefix_edge_host_cache_{name} {kind}", f"prefix_edge_host_cache_{name} {host.get(key, 0)}"]
         docs = engine.get("document_cache") or {}
         for name, kind, key in (("hits_total", "counter", "hits"), ("misses_total", "counter", "misses"),
                                 ("evictions_total", "counter", "evictions"), ("bytes", "gauge", "bytes"),

@@ -18,6 +18,7 @@ counted in `info()` (and `/metrics` through the runtime's stats).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
 from collections import OrderedDict
 
@@ -39,9 +40,14 @@ def document_key(root: str, context: np.ndarray, doc: np.ndarray) -> str:
 
 
 class DocumentKv:
-    def __init__(self, budget_bytes: int = DEFAULT_BYTES):
+    def __init__(self, budget_bytes: int = DEFAULT_BYTES, shared=None):
         self.budget = int(budget_bytes)
+        self.shared = shared  # the runtime's one host budget (budget.py), if any: its member
+        self._tick = shared.tick if shared is not None else itertools.count(1).__next__
+        if shared is not None:
+            shared.join(self)
         self._entries: OrderedDict[str, KvLayers] = OrderedDict()
+        self._stamps: dict[str, int] = {}  # key -> last use (the host budget's clock)
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = self.misses = self.evictions = 0
@@ -53,30 +59,51 @@ class DocumentKv:
                 self.misses += 1
                 return None
             self._entries.move_to_end(key)
+            self._stamps[key] = self._tick()
             self.hits += 1
             return kv
 
     def put(self, key: str, kv) -> None:  # KvLayers, or compose.Composed (anything with nbytes)
         size = kv.nbytes
-        if size > self.budget:
+        if size > min(self.budget, self.shared.budget if self.shared is not None else self.budget):
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self.bytes -= old.nbytes
             while self._entries and self.bytes + size > self.budget:
-                # composed states go first (least recently used of them): a document's KV serves
-                # every order it comes in, a state only its own
-                victim = next((k for k, v in self._entries.items() if not isinstance(v, KvLayers)),
-                              next(iter(self._entries)))
-                self.bytes -= self._entries.pop(victim).nbytes
-                self.evictions += 1
+                self._evict()
             self._entries[key] = kv
+            self._stamps[key] = self._tick()
             self.bytes += size
+        if self.shared is not None:
+            self.shared.settle()
+
+    def _victim(self) -> str:
+        """Composed states go first (least recently used of them): a document's KV serves every
+        order it comes in, a state only its own (under the lock, entries not empty)."""
+        return next((k for k, v in self._entries.items() if not isinstance(v, KvLayers)), next(iter(self._entries)))
+
+    def _evict(self) -> None:
+        victim = self._victim()
+        self.bytes -= self._entries.pop(victim).nbytes
+        del self._stamps[victim]
+        self.evictions += 1
+
+    # -- the host budget's member calls (budget.py) ---------------------------------------
+    def victim(self) -> int | None:
+        with self._lock:
+            return self._stamps[self._victim()] if self._entries else None
+
+    def evict(self) -> None:
+        with self._lock:
+            if self._entries:
+                self._evict()
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._stamps.clear()
             self.bytes = 0
 
     def info(self) -> dict:

@@ -92,11 +92,17 @@ class _Entry:
     keys: list[bytes] = field(default_factory=list)  # its boundaries' keys, last = its end
     root: str = ""
     cuts: tuple[int, ...] = ()
+    stamp: int = 0                           # its last use (the host budget's clock)
 
 
 class PromptCache:
-    def __init__(self, budget_bytes: int = DEFAULT_BYTES, chunk: int = 128, partial: bool = True):
+    def __init__(self, budget_bytes: int = DEFAULT_BYTES, chunk: int = 128, partial: bool = True,
+                 shared=None):
         self.budget = max(0, int(budget_bytes))
+        self.shared = shared  # the runtime's one host budget (budget.py), if any: its member
+        self._tick = shared.tick if shared is not None else itertools.count(1).__next__
+        if shared is not None:
+            shared.join(self)
         self.chunk = max(1, int(chunk))
         self.partial = partial  # the engine keeps a restored state's first positions
         self._lru: OrderedDict[int, _Entry] = OrderedDict()
@@ -135,6 +141,7 @@ class PromptCache:
                 eid, end, key = found
                 e = self._lru[eid]
                 self._lru.move_to_end(eid)
+                e.stamp = self._tick()
                 prefix, write = e.prefix, (e.root, e.prefix.ids[len(e.prefix.ids) - e.n:], e.cuts, e.prefix)
             self.hits += 1
             self.hit_tokens += end
@@ -188,7 +195,8 @@ class PromptCache:
 
     def put(self, root: str, ids: np.ndarray, cuts: tuple[int, ...], prefix: Prefix) -> bool:
         """Keep `prefix` (the KV after root + ids, as a prompt's read left it)."""
-        if prefix.nbytes > self.budget or len(ids) == 0:
+        if prefix.nbytes > min(self.budget, self.shared.budget if self.shared is not None else self.budget) \
+                or len(ids) == 0:
             return False
         keys = [k for _, k in chain(root, ids, cuts, self.chunk)]
         with self._lock:
@@ -200,7 +208,7 @@ class PromptCache:
                     if self._lru[eid].keys[-1] in mine:
                         self._drop(eid)
             eid = next(self._ids)
-            self._lru[eid] = _Entry(prefix, len(ids), keys, root, tuple(cuts))
+            self._lru[eid] = _Entry(prefix, len(ids), keys, root, tuple(cuts), self._tick())
             for k in keys:
                 self._index.setdefault(k, []).append(eid)
             self._bytes += prefix.nbytes
@@ -208,7 +216,25 @@ class PromptCache:
             while self._bytes > self.budget and self._lru:
                 self._drop(next(iter(self._lru)))
                 self.evicted += 1
+        if self.shared is not None:
+            self.shared.settle()
         return True
+
+    # -- the host budget's member calls (budget.py) ---------------------------------------
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def victim(self) -> int | None:
+        """The stamp of the entry used longest ago, or None."""
+        with self._lock:
+            return self._lru[next(iter(self._lru))].stamp if self._lru else None
+
+    def evict(self) -> None:
+        with self._lock:
+            if self._lru:
+                self._drop(next(iter(self._lru)))
+                self.evicted += 1
 
     def _drop(self, eid: int) -> None:
         e = self._lru.pop(eid)
