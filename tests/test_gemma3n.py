@@ -9,7 +9,8 @@ reference is transformers' text class (the one the multimodal class runs on text
   layers, activation sparsity, soft-capping) gives transformers' logits at every position,
   stepped, whole and in chunks, past the sliding window; llama.cpp's gemma3n graph agrees
   within its F16 cache's noise;
-- a baked prefix is its prefill on both engines; a KV-shared layer's cache is its source's;
+- a baked prefix is its prefill on both engines; a KV-shared layer keeps no KV (it attends to
+  its source layer's cache), and requests decoded together answer as alone;
 - what llama.cpp fixes in code (first shared layer 20, per-layer input 256 ...) is refused for
   the GGUF in one line, and the default formats then give the onnx bundle alone."""
 
@@ -166,22 +167,49 @@ def _agree_until_a_near_tie(ref, got, noise: float) -> None:
     assert ref.tokens == got.tokens
 
 
-def test_kv_shared_layers_cache_their_source(exported):
-    """The ONNX graph feeds a KV-shared layer its source layer's keys and values, so its cache
-    is a copy: the baked prefix shows it (layers 20-23 slide and read 18, 24 reads 19)."""
+def test_kv_shared_layers_hold_no_kv(exported):
+    """A KV-shared layer attends to its source layer's cache (layers 20-23 slide and read 18,
+    24 reads 19): the graph has no past or present of its own for it, so a prefix file, a
+    sequence's buffer and a snapshot hold 20 layers' KV, not 25 (llama.cpp's count too)."""
     from prefix_edge.export.onnx_gemma3n import kv_sources
 
-    _, _, root, _ = exported
-    types = GEMMA3N_TEXT["layer_types"]
-    sources = kv_sources(types, GEMMA3N_TEXT["num_kv_shared_layers"])
+    _, _, root, manifest = exported
+    sources = kv_sources(GEMMA3N_TEXT["layer_types"], GEMMA3N_TEXT["num_kv_shared_layers"])
     assert sources[20:] == [18, 18, 18, 18, 19] and sources[:20] == list(range(20))
     with Runtime.open(root / "bundle", backend="onnx") as rt:
+        be = rt.backend
+        assert (be.model_layers, be.n_layers, be.state_layout.kv_layers) == (25, 20, 20)
+        assert {int(n.split(".")[1]) for n in be.past_names} == set(range(20))
         prefix, _ = rt.prefixes.get("support")
-        kv = rt.backend.kv_of(prefix)
-        keys, values = kv.k, kv.v
-        for i in range(20, 25):
-            assert np.array_equal(keys[i], keys[sources[i]]) and np.array_equal(values[i], values[sources[i]]), i
-        assert not np.array_equal(keys[18], keys[19])
+        kv = be.kv_of(prefix)
+        assert len(kv.k) == 20 and kv.n == manifest.tasks["support"].prefix_tokens
+
+
+def test_concurrent_requests_answer_as_alone(exported):
+    """Four requests of different lengths decoded together (the shared layers' hand-built
+    attention masks each row by its own positions) give the tokens of each alone, on both
+    engines."""
+    import threading
+
+    _, _, root, _ = exported
+    asks = [("support", INPUTS[0]), ("raw", INPUTS[1]), ("support", INPUTS[2] * 3), ("raw", INPUTS[0] * 2)]
+    for backend in ("onnx", "gguf"):
+        with Runtime.open(root / "bundle", backend=backend, slots=4) as rt:
+            alone = [rt.generate(t, x, max_tokens=N).tokens for t, x in asks]
+            got, errors = {}, []
+
+            def run(k):
+                try:
+                    got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=N).tokens
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert not errors and [got[k] for k in range(len(asks))] == alone, backend
 
 
 def test_gguf_refuses_what_llama_cpp_fixes_in_code(tmp_path):

@@ -16,9 +16,11 @@ Gemma3nForConditionalGeneration's text path, read as transformers' Gemma3nForCau
   LAuReL's summed, times 1/sqrt(2).
 - Attention: q/k norms per head, v normed without a scale, scale 1, sliding layers with the
   local RoPE and GQA's window. KV-shared layers (the last num_kv_shared_layers) attend to the
-  keys and values of the last earlier layer of their type: here they are fed that layer's
-  normed k and v, so their own cache holds a copy (exact; it costs those layers' KV memory,
-  which llama.cpp does not spend).
+  cache of the last earlier layer of their type: built by hand over that layer's present
+  output (q rotated by RotaryEmbedding, KV heads repeated, each query masked by its own
+  position: causal, and the window on sliding layers), so they have no past or present of
+  their own and a sequence's KV is that of the other layers (E2B: 20 of 30), as llama.cpp's.
+  The graph's metadata names the model's layer count (onnx_graph.MODEL_LAYERS).
 - MLP: GELU-tanh, on the layers of activation_sparsity_pattern the gate first cut at its
   mean + std x Phi^-1(sparsity) (population std, as transformers; llama.cpp's uses n - 1).
 - Final logit soft-capping: tanh(logits / cap) x cap (onnx_graph.py, after the lm_head).
@@ -126,6 +128,54 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
         act = node("FastGelu", [gate], [f"/{p}/mlp/gelu"], f"/{p}/mlp/FastGelu", domain="com.microsoft")
         return linear(node("Mul", [act, up], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul"), [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
 
+    def shared_attention(q: str, src: int, window: int, rope: list[str], p: str) -> str:
+        """Attention of the new tokens' queries over layer `src`'s cache as that layer's GQA left
+        it (present.{src}: keys rotated, every position up to the buffer's end, those past each
+        row's length stale): q rotated here, K/V heads repeated for the query heads, a mask of
+        each query's causal (and sliding) window by position, scale 1."""
+        n = f"/{p}/attn/shared"
+        pos = b.positions()  # [b, s] each query's position
+        qr = node("RotaryEmbedding", [q, pos, *rope], [n + "/q_rope"], n + "/Rope", domain="com.microsoft",
+                  interleaved=0, num_heads=n_heads)
+        qh = node("Transpose", [node("Reshape", [qr, axes(n + "/q_shape", [0, 0, n_heads, head_dim])], [n + "/q4"],
+                                     n + "/QReshape")], [n + "/q"], n + "/QTranspose", perm=[0, 2, 1, 3])
+        group = n_heads // n_kv
+
+        def heads(t: str, name: str) -> str:  # [b, kv, L, d] -> [b, heads, L, d]
+            if group == 1:
+                return t
+            x = node("Unsqueeze", [t, "/g3n/axis2"], [f"{n}/{name}5"], f"{n}/{name}Unsqueeze")
+            shape = node("Concat", [node("Shape", [t], [f"{n}/{name}_shape"], f"{n}/{name}Shape", start=0, end=2),
+                                    init(f"{n}/{name}_group", np.array([group], np.int64)),
+                                    node("Shape", [t], [f"{n}/{name}_tail"], f"{n}/{name}Tail", start=2)],
+                         [f"{n}/{name}_expand"], f"{n}/{name}ExpandShape", axis=0)
+            x = node("Expand", [x, shape], [f"{n}/{name}_rep"], f"{n}/{name}Expand")
+            return node("Reshape", [x, axes(f"{n}/{name}_heads", [0, n_heads, -1, head_dim])], [f"{n}/{name}"],
+                        f"{n}/{name}Reshape")
+
+        k = heads(f"present.{src}.key", "k")
+        v = heads(f"present.{src}.value", "v")
+        scores = node("MatMul", [qh, node("Transpose", [k], [n + "/kT"], n + "/KTranspose", perm=[0, 1, 3, 2])],
+                      [n + "/scores"], n + "/Scores")  # [b, h, s, L]
+        # key j is seen by query position t when j <= t (and t - window < j): [b, 1, s, L]
+        length = node("Gather", [node("Shape", [f"present.{src}.key"], [n + "/kv_shape"], n + "/KvShape"),
+                                 init(n + "/len_axis", np.array(2, np.int64))], [n + "/len"], n + "/Len")
+        j = node("Range", [init(n + "/zero", np.array(0, np.int64)), length, init(n + "/one", np.array(1, np.int64))],
+                 [n + "/j"], n + "/Range")
+        t = node("Unsqueeze", [pos, axes(n + "/t_axes", [1, 3])], [n + "/t"], n + "/TUnsqueeze")
+        seen = node("LessOrEqual", [j, t], [n + "/causal"], n + "/Causal")
+        if window >= 0:
+            near = node("Greater", [j, node("Sub", [t, init(n + "/window", np.array(window, np.int64))], [n + "/t_w"],
+                                            n + "/TWindow")], [n + "/near"], n + "/Near")
+            seen = node("And", [seen, near], [n + "/seen"], n + "/Seen")
+        mask = node("Where", [seen, init(n + "/keep", np.array(0.0, f32)), init(n + "/drop", np.array(-np.inf, f32))],
+                    [n + "/mask"], n + "/Mask")
+        probs = node("Softmax", [node("Add", [scores, mask], [n + "/masked"], n + "/AddMask")], [n + "/probs"],
+                     n + "/Softmax", axis=-1)
+        o = node("MatMul", [probs, v], [n + "/o"], n + "/Out")  # [b, h, s, d]
+        o = node("Transpose", [o], [n + "/o_t"], n + "/OTranspose", perm=[0, 2, 1, 3])
+        return node("Reshape", [o, axes(n + "/o_shape", [0, 0, n_heads * head_dim])], [n + "/out"], n + "/OReshape")
+
     init("/g3n/last_axis", np.array([-1], np.int64))
     unsq2 = init("/g3n/axis2", np.array([2], np.int64))
     init("/g3n/eps", np.array(1e-5, f32))
@@ -153,7 +203,6 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
     streams = node("Concat", [node("Unsqueeze", [x0, unsq2], ["/altup/first"], "/altup/Unsqueeze"), rest],
                    ["/altup/streams"], "/altup/Concat", axis=2)
     mask = init("/altup/not_active", np.array([[0.0] if k == act_idx else [1.0] for k in range(n_alt)], f32))
-    kv: dict[int, tuple[str, str]] = {}  # layer -> its normed k and v (a shared layer's source)
     for i in range(n_layers):
         p = f"model.layers.{i}"
         # predict: streams + coefs @ streams, coefs [b, s, 4, 4] from the active stream's router
@@ -177,19 +226,19 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
             w[f"{p}.self_attn.v_norm.weight"] = np.ones(head_dim, f32)  # v normed without a scale
             v = head_norm(linear(h, [f"{p}.self_attn.v_proj"], f"/{p}/attn/v_proj"), f"{p}.self_attn.v_norm.weight", n_kv,
                           f"/{p}/attn/v_norm")
-            kv[i] = (k, v)
-        else:  # KV-shared: the source layer's keys and values (its unused projections dropped)
+        rope = [f"{t}_cache{'_local' if local[i] else ''}" for t in ("cos", "sin")]
+        if sources[i] == i:
+            attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, scale=1.0)
+            if windows[i] >= 0:
+                attrs["local_window_size"] = windows[i]
+            a = node("GroupQueryAttention", [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value",
+                                             "seqlens_k", "total_sequence_length", *rope],
+                     [f"/{p}/attn/out", f"present.{i}.key", f"present.{i}.value"], f"/{p}/attn/GroupQueryAttention",
+                     domain="com.microsoft", **attrs)[0]
+        else:  # KV-shared: attends to its source's cache, no KV of its own (unused weights dropped)
             for t in ("k_proj", "v_proj", "k_norm"):
                 w.pop(f"{p}.self_attn.{t}.weight", None)
-            k, v = kv[sources[i]]
-        attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, scale=1.0)
-        if windows[i] >= 0:
-            attrs["local_window_size"] = windows[i]
-        rope = [f"{t}_cache{'_local' if local[i] else ''}" for t in ("cos", "sin")]
-        a = node("GroupQueryAttention", [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
-                                         "total_sequence_length", *rope],
-                 [f"/{p}/attn/out", f"present.{i}.key", f"present.{i}.value"], f"/{p}/attn/GroupQueryAttention",
-                 domain="com.microsoft", **attrs)[0]
+            a = shared_attention(q, sources[i], windows[i], rope, p)
         attn = norm(linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj"), f"{p}.post_attention_layernorm.weight",
                     f"/{p}/post_attn_norm")
         gated = node("Add", [active, attn], [f"/{p}/attn_gated"], f"/{p}/AddAttn")

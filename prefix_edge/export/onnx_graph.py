@@ -69,7 +69,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder
+from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
 from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT, falcon_h1_weights,
                           granite_h_layers, lfm2_layers, lfm2_weights, mamba2, short_conv)
 
@@ -84,6 +84,7 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 OPSET = 18  # Split's num_outputs
 HIDDEN_STATES = "hidden_states"  # the output embeddings read (a bundle without it: no onnx embeddings)
 LOGITS_TAIL = 9  # logits of the last this many positions (a run of fewer: all of its own)
+MODEL_LAYERS = "prefix_edge.model_layers"  # metadata: the model's layers (KV-shared and recurrent ones too)
 
 
 def _refuse(what: str) -> PrefixEdgeError:
@@ -335,7 +336,25 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                  **attrs)[0]
         return linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
 
-    builder = SimpleNamespace(w=w, init=init, node=node, linear=linear, norm=norm, head_norm=head_norm, eps=eps)
+    def positions() -> str:
+        """position_ids [batch, seq], each token's position as GQA derives it (seqlens_k + 1 -
+        seq + j): for a rotary outside GQA and attention built by hand. Made once."""
+        if any(n.output[0] == "position_ids" for n in nodes):
+            return "position_ids"
+        seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
+                              init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
+        past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
+                            node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
+        steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
+                     "/pos/Range")
+        return node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
+                                 "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
+
+    has_kv = [not mamba[i] and not conv[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
+    if g3n is not None:  # KV-shared layers read their source layer's present: none of their own
+        has_kv = [kv_sources(list(g3n.layer_types), int(g3n.num_kv_shared_layers or 0))[i] == i for i in range(n_layers)]
+    builder = SimpleNamespace(w=w, init=init, node=node, linear=linear, norm=norm, head_norm=head_norm, eps=eps,
+                              positions=positions)
 
     if any(rope_on) or qk_norm == "after_rope":  # (a model without RoPE layers has no caches)
         cos, sin = rope_cache(hf_dir, n_pos)
@@ -360,15 +379,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         if (granite or arch == FALCON_H1) and float(cfg.get("embedding_multiplier", 1.0)) != 1.0:
             x = node("Mul", [x, init("embedding_multiplier", np.array(cfg["embedding_multiplier"], np.float32))],
                      ["/model/embed_tokens/scaled"], "/model/embed_tokens/Mul")
-        if qk_norm == "after_rope":  # each token's position, as GQA derives it: seqlens_k + 1 - seq + j
-            seq = node("Gather", [node("Shape", ["input_ids"], ["/pos/shape"], "/pos/Shape"),
-                                  init("/pos/one", np.array(1, np.int64))], ["/pos/seq"], "/pos/Gather")
-            past = node("Sub", [node("Cast", ["seqlens_k"], ["/pos/seqlens"], "/pos/Cast", to=TensorProto.INT64),
-                                node("Sub", [seq, "/pos/one"], ["/pos/seq_1"], "/pos/Sub1")], ["/pos/past"], "/pos/Sub")
-            steps = node("Range", [init("/pos/zero", np.array(0, np.int64)), seq, "/pos/one"], ["/pos/steps"],
-                         "/pos/Range")
-            node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
-                              "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
+        if qk_norm == "after_rope":
+            positions()
         residual, pending = x, None
         for i in range(n_layers):
             p = f"model.layers.{i}"
@@ -439,7 +451,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"])]
     for i in range(n_layers):
         inputs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for name, _, shape in states.get(i, [])]
-        if not mamba[i] and not conv[i] or arch == FALCON_H1:
+        if has_kv[i]:
             inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape)
                        for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
@@ -448,7 +460,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             helper.make_tensor_value_info(HIDDEN_STATES, f32, ["batch", "seq", hidden])]
     for i in range(n_layers):
         outs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for _, name, shape in states.get(i, [])]
-        if not mamba[i] and not conv[i] or arch == FALCON_H1:
+        if has_kv[i]:
             outs += [helper.make_tensor_value_info(f"present.{i}.{t}", f32, ["batch", n_kv, "total_len", head_dim])
                      for t in ("key", "value")]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])
@@ -456,6 +468,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="prefix-edge")
     model.ir_version = 8
+    helper.set_model_props(model, {MODEL_LAYERS: str(n_layers)})  # the engine's count (some hold no KV)
     # make_graph and make_model copy what they are given: the weights go in last, one tensor at
     # a time, each freed as it is copied (a 1B model's weights are held once, not three times)
     large = sum(len(t.raw_data) for t in inits) > 1_800_000_000

@@ -37,6 +37,7 @@ from .prefix_files import PrefixFiles
 
 SSM_CHUNK = 256  # tokens per graph run of a Mamba2 graph (its [heads, n, n] terms stay small)
 STATE_INPUTS = ("past_conv.", "past_ssm.")  # a hybrid's states: export/onnx_hybrid.py's names (export is above)
+MODEL_LAYERS = "prefix_edge.model_layers"  # the graph's metadata: export/onnx_graph.py's name
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -98,6 +99,10 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self.rec: dict[int, list[np.ndarray]] = {}  # a hybrid's recurrent states per sequence
         # the model's layers: attention ones (KV), recurrent ones (a state), or both in one layer
         self.model_layers = 1 + max(int(n.split(".")[1]) for n in self.past_names + self.state_names)
+        # ... and layers holding neither (Gemma 3n's KV-shared ones), as the graph declares them
+        declared = self.session.get_modelmeta().custom_metadata_map.get(MODEL_LAYERS, "")
+        if declared.isdigit() and int(declared) >= self.model_layers:
+            self.model_layers = int(declared)
         self.recurrent_layers = len({n.split(".")[1] for n in self.state_names})
         first = inputs[self.past_names[0]]
         self.n_layers = len(self.past_names) // 2
