@@ -16,7 +16,7 @@ from prefix_edge.runtime.cache.prompts import PromptCache
 from prefix_edge.runtime.kv import KvLayers
 from prefix_edge.runtime.prefix import Prefix
 
-from .test_prompt_cache import DOCS, QUESTIONS, _text
+from .helpers.sheets import DOCS, QUESTIONS, ask_text
 
 
 def _state(n: int, nbytes: int) -> Prefix:
@@ -91,7 +91,7 @@ def test_an_evicted_prompt_is_a_miss_that_answers_as_one(bundle_int4, backend):
     """A budget that holds one document's prompt state: the second document's evicts the first,
     whose repeat then prefills again and answers as the uncached run; the second's repeat is a
     hit. memory() and engine_info() report the one budget."""
-    asks = [_text(DOCS[0], QUESTIONS[0]), _text(DOCS[1], QUESTIONS[0])]
+    asks = [ask_text(DOCS[0], QUESTIONS[0]), ask_text(DOCS[1], QUESTIONS[0])]
     with Runtime.open(bundle_int4, backend=backend, prefill_chunk=16, prompt_cache_bytes=0) as rt:
         refs = [rt.generate("support", t, max_tokens=6).tokens for t in asks]
         P = rt.manifest.tasks["support"].prefix_tokens

@@ -17,18 +17,9 @@ from prefix_edge import Runtime
 from prefix_edge.runtime.prefix import Prefix
 from prefix_edge.runtime.cache.prompts import PromptCache, chain, chunk_ends
 
+from .helpers.sheets import DOCS, QUESTIONS, ask_text
+
 BACKENDS = ["onnx", "gguf"]
-
-DOCS = [
-    "Document A. The Orion desk lamp ships from Porto in three days; its warranty is two years "
-    "and the shade is aluminium. Returns are free within thirty days of delivery.",
-    "Document B. The Vega kettle holds 1.7 litres, boils in four minutes and switches off by "
-    "itself. It is sold in red, black and white, and it costs forty euros.",
-    "Document C. The Lyra chair folds flat, carries 120 kg and weighs five kilos. Its frame is "
-    "oak; the seat is woven cord. Assembly takes ten minutes with the key in the box.",
-]
-QUESTIONS = ["How long is the warranty?", "What colours are there?", "How much does it weigh?"]
-
 
 def _snap(n: int, nbytes: int = 100) -> Prefix:
     return Prefix(np.arange(n, dtype=np.int64), None, {}, nbytes)
@@ -95,20 +86,16 @@ def test_budget_lru_and_subsumed_entries():
 
 # -- through the engines --------------------------------------------------------------------
 
-def _text(doc: str, q: str) -> str:
-    return f"{doc}\n\nQuestion: {q}"
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_same_document_new_question_equals_a_miss(bundle_int4, backend):
     """A text task's input: the document's chunks come from the cache, the question is
     prefilled; tokens and log-probabilities equal the uncached run's."""
     with Runtime.open(bundle_int4, backend=backend, prefill_chunk=16) as rt:
         P = rt.manifest.tasks["support"].prefix_tokens
-        first = rt.generate("support", _text(DOCS[0], QUESTIONS[0]), max_tokens=8, logprobs=2)
+        first = rt.generate("support", ask_text(DOCS[0], QUESTIONS[0]), max_tokens=8, logprobs=2)
         assert first.stats.cached_tokens == P
-        got = [rt.generate("support", _text(DOCS[0], q), max_tokens=8, logprobs=2) for q in QUESTIONS[1:]]
-        refs = [rt.generate("support", _text(DOCS[0], q), max_tokens=8, logprobs=2, use_prompt_cache=False)
+        got = [rt.generate("support", ask_text(DOCS[0], q), max_tokens=8, logprobs=2) for q in QUESTIONS[1:]]
+        refs = [rt.generate("support", ask_text(DOCS[0], q), max_tokens=8, logprobs=2, use_prompt_cache=False)
                 for q in QUESTIONS[1:]]
         n_doc = len(rt.tokenizer.encode(DOCS[0] + "\n\nQuestion:", add_special_tokens=False).ids)
         for g, r in zip(got, refs):
@@ -142,9 +129,9 @@ def test_threads_and_a_cache_that_evicts_in_flight(bundle_int4, backend):
     """Three threads at once, one document each, every question twice, into a cache that holds
     about three prompts (nine are kept in turn): each answer equals its uncached run."""
     with Runtime.open(bundle_int4, backend=backend, prefill_chunk=16, prompt_cache_bytes=0) as rt:
-        refs = {(d, q): rt.generate("support", _text(d, q), max_tokens=6).tokens for d in DOCS for q in QUESTIONS}
+        refs = {(d, q): rt.generate("support", ask_text(d, q), max_tokens=6).tokens for d in DOCS for q in QUESTIONS}
     with Runtime.open(bundle_int4, backend=backend, prefill_chunk=16) as rt:
-        rt.generate("support", _text(max(DOCS, key=len), QUESTIONS[0]), max_tokens=1)
+        rt.generate("support", ask_text(max(DOCS, key=len), QUESTIONS[0]), max_tokens=1)
         budget = int(3.5 * rt.engine_info()["prompt_cache"]["bytes"])
     got, errors = {}, []
     with Runtime.open(bundle_int4, backend=backend, prefill_chunk=16, slots=3,
@@ -152,7 +139,7 @@ def test_threads_and_a_cache_that_evicts_in_flight(bundle_int4, backend):
         def run(d):
             try:
                 for q in QUESTIONS:
-                    got[d, q] = [rt.generate("support", _text(d, q), max_tokens=6).tokens for _ in range(2)]
+                    got[d, q] = [rt.generate("support", ask_text(d, q), max_tokens=6).tokens for _ in range(2)]
             except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
         threads = [threading.Thread(target=run, args=(d,)) for d in DOCS]
@@ -170,6 +157,6 @@ def test_threads_and_a_cache_that_evicts_in_flight(bundle_int4, backend):
 def test_off_means_off(bundle_int4):
     with Runtime.open(bundle_int4, backend="gguf", prefill_chunk=16, prompt_cache_bytes=0) as rt:
         for q in QUESTIONS:
-            r = rt.generate("support", _text(DOCS[0], q), max_tokens=2)
+            r = rt.generate("support", ask_text(DOCS[0], q), max_tokens=2)
             assert r.stats.cached_tokens == rt.manifest.tasks["support"].prefix_tokens
         assert rt.engine_info()["prompt_cache"]["entries"] == 0

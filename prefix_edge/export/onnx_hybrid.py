@@ -118,7 +118,7 @@ def short_conv(g, h: str, p: str, i: int, hidden: int) -> str:
 
 def granite_h_layers(hf_dir, w: dict[str, np.ndarray]) -> tuple[list[bool], object]:
     """Which layers are Mamba2 layers, and the config; the shared MLP renamed (in place) to
-    the llama names (the MoE variants are refused earlier: onnx_graph._config)."""
+    the llama names (the MoE variants are refused earlier: onnx_source.read_config)."""
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(str(hf_dir))
