@@ -20,25 +20,15 @@ import pytest
 
 from prefix_edge import Runtime
 
-from .helpers.families import FALCON_MUP, build_family
-from .helpers.parity import baked_and_prefilled
+from .helpers.families import FALCON_MUP, build_family, family_tasks
+from .helpers.parity import baked_and_prefilled, three_ways
 
 pytestmark = pytest.mark.integration
 
 ATOL = 1e-4
 GGUF_TIE = 0.1  # f32 weights, llama.cpp's F16 KV cache: tests/test_hybrid_gguf.py's logit bound
 N = 8
-TASKS = f'''
-[task.support]
-system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
-max_tokens = {N}
-
-[task.raw]
-kind = "text"
-prefix = "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,141 apples. "
-template = "{{input}} =>"
-max_tokens = {N}
-'''
+TASKS = family_tasks(N)
 INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
 # name -> (tests/helpers/families.py kind, config overrides)
 CASES = {
@@ -86,16 +76,8 @@ def test_logits_match_transformers_at_every_position(family):
     for ids in prompts:
         with torch.no_grad():
             ref = model(torch.tensor([ids])).logits[0].numpy()
-        be.begin(None)
-        stepped = np.array([be.prefill(np.array(ids[:1], np.int64))] + [be.step(t) for t in ids[1:]])
-        be.begin(None)
-        whole = be.prefill(np.array(ids, np.int64))
-        cut = len(ids) // 2 + 1
-        be.begin(None)
-        chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
-        for what, got, want in (("stepped", stepped, ref), ("whole", whole, ref[-1]),
-                                ("chunks", chunks, ref[[cut - 1, -1]])):
-            d = float(np.max(np.abs(got - want)))
+        diffs, stepped = three_ways(be, ids, ref)
+        for what, d in diffs.items():
             worst = max(worst, d)
             assert d <= ATOL, (name, what, len(ids), d)
         assert (stepped.argmax(-1) == ref.argmax(-1)).all(), name

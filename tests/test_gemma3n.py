@@ -25,8 +25,8 @@ import pytest
 from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 
-from .helpers.families import GEMMA3N_TEXT, build_gemma3n
-from .helpers.parity import baked_and_prefilled
+from .helpers.families import GEMMA3N_TEXT, build_gemma3n, family_tasks
+from .helpers.parity import baked_and_prefilled, three_ways
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
@@ -34,17 +34,7 @@ pytest.importorskip("llama_cpp")
 ATOL = 1e-4
 GGUF_TIE = 0.1  # f32 weights, llama.cpp's F16 KV cache: tests/test_hybrid_gguf.py's bound
 N = 8
-TASKS = f'''
-[task.support]
-system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
-max_tokens = {N}
-
-[task.raw]
-kind = "text"
-prefix = "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,141 apples. "
-template = "{{input}} =>"
-max_tokens = {N}
-'''
+TASKS = family_tasks(N)
 INPUTS = ["The quick brown fox", "def add(a, b):\n    return", "I'm sure they'll say"]
 
 
@@ -104,16 +94,8 @@ def test_onnx_logits_match_transformers_at_every_position(exported):
         for ids in _ids(tok):
             with torch.no_grad():  # with its cache: KV-shared layers read their source's (as served)
                 ref = model(torch.tensor([ids]), use_cache=True).logits[0].numpy()
-            be.begin(None)
-            stepped = np.array([be.prefill(np.array(ids[:1], np.int64))] + [be.step(t) for t in ids[1:]])
-            be.begin(None)
-            whole = be.prefill(np.array(ids, np.int64))
-            cut = len(ids) // 2 + 1
-            be.begin(None)
-            chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
-            for what, got, want in (("stepped", stepped, ref), ("whole", whole, ref[-1]),
-                                    ("chunks", chunks, ref[[cut - 1, -1]])):
-                assert np.max(np.abs(got - want)) <= ATOL, (what, len(ids))
+            diffs, _ = three_ways(be, ids, ref)
+            assert max(diffs.values()) <= ATOL, (diffs, len(ids))
 
 
 def test_gguf_matches_transformers(exported):

@@ -10,6 +10,29 @@ from pathlib import Path
 
 from .archs import CHATML, CORPUS, seeded_model, train_tokenizer
 
+# the families' tests' two tasks: a chat one (a system prompt) and a text one (a prefix that
+# mixes words, digits and punctuation), n tokens each
+CHAT_AND_TEXT = """
+[task.support]
+system = "You are a helpful assistant. Answer briefly and politely, and mention the plan."
+max_tokens = {n}
+
+[task.raw]
+kind = "text"
+prefix = "{prefix}"
+template = "{{input}} =>"
+max_tokens = {n}
+"""
+FAMILY_PREFIX = "The quick brown fox jumps over the lazy dog. It's 12:45 and we've got 3,141 apples. "
+
+
+def family_tasks(n: int, prefix: str = FAMILY_PREFIX) -> str:
+    """CHAT_AND_TEXT with n max tokens and the text task's prefix (TOML-escaped)."""
+    import json
+
+    return CHAT_AND_TEXT.format(n=n, prefix=json.dumps(prefix)[1:-1])
+
+
 # kind -> (transformers class, config extras, recurrent layers llama.cpp keeps a state for)
 FAMILIES = {
     # LFM2: layer_types "conv" (short convolution, a 2-token window: conv_L_cache 3) / "full_attention"

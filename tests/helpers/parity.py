@@ -15,3 +15,18 @@ def baked_and_prefilled(rt, task: str, text: str) -> tuple[np.ndarray, np.ndarra
     baked = rt.backend.prefill(ids)
     rt.backend.begin(None)
     return baked, rt.backend.prefill(np.concatenate([prefix.ids, ids]))
+
+
+def three_ways(be, ids: list[int], ref: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    """Logits of `ids` on engine `be` (the one-sequence API) read stepped (one token a forward),
+    whole (one forward) and in two chunks, each against `ref` (the reference's logits at every
+    position): ({way: max |difference|}, the stepped logits)."""
+    be.begin(None)
+    stepped = np.array([be.prefill(np.array(ids[:1], np.int64))] + [be.step(t) for t in ids[1:]])
+    be.begin(None)
+    whole = be.prefill(np.array(ids, np.int64))
+    cut = len(ids) // 2 + 1
+    be.begin(None)
+    chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
+    return {what: float(np.max(np.abs(got - want))) for what, got, want in (
+        ("stepped", stepped, ref), ("whole", whole, ref[-1]), ("chunks", chunks, ref[[cut - 1, -1]]))}, stepped
