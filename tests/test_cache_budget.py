@@ -105,4 +105,8 @@ def test_an_evicted_prompt_is_a_miss_that_answers_as_one(bundle_int4, backend):
         assert host["bytes"] <= host["budget_bytes"] == int(1.5 * one) and rt.engine_info()["host_cache"]["evictions"] >= 1
         again = [rt.generate("support", t, max_tokens=6) for t in reversed(asks)]  # 1 (kept), then 0 (evicted)
         assert again[0].stats.cached_tokens > P and again[1].stats.cached_tokens == P
+        # where the reused positions came from: the task's baked prefix, then the prompt cache
+        assert first[0].stats.cached_from == {"task_prefix": P, "prompt_cache": 0, "documents": 0}
+        assert again[0].stats.cached_from == {"task_prefix": P, "prompt_cache": again[0].stats.cached_tokens - P,
+                                              "documents": 0}
         assert [r.tokens for r in first] == refs and [r.tokens for r in reversed(again)] == refs

@@ -243,9 +243,12 @@ def test_the_server_composes_as_the_library_does(client, local, server):
     import httpx
 
     metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(server + "/metrics").text.splitlines()
-                   if ln.startswith(("prefix_edge_document_cache_", "prefix_edge_host_cache_")))
+                   if ln.startswith(("prefix_edge_document_cache_", "prefix_edge_host_cache_", "prefix_edge_cached_")))
     assert float(metrics["prefix_edge_document_cache_hits_total"]) >= 2
     assert 0 < float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_document_cache_budget_bytes"])
+    by_source = {s: float(metrics[f'prefix_edge_cached_prompt_tokens_by_source_total{{source="{s}"}}'])
+                 for s in ("task_prefix", "prompt_cache", "documents")}
+    assert by_source["documents"] > 0 and sum(by_source.values()) == float(metrics["prefix_edge_cached_prompt_tokens_total"])
     # the prompt and document caches' one budget holds both
     assert float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_host_cache_bytes"]) \
         <= float(metrics["prefix_edge_host_cache_budget_bytes"])

@@ -72,6 +72,28 @@ def test_lookup_finds_the_latest_earlier_span():
     assert d.propose([2, 3], None, 2) == [4, 5]
 
 
+def test_lookups_pause_after_misses_and_resume_after_a_hit():
+    """A lookup of which nothing is kept pauses lookups for 1, 2, 4 ... PAUSE_MAX steps (the
+    paused steps draft nothing); a lookup kept in part starts the pauses from 1 again."""
+    from prefix_edge.runtime.drafting import PAUSE_MAX
+
+    d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64))
+    answer = [2, 3]  # "2 3" is in the prompt: a lookup finds what followed it there
+
+    def skipped() -> int:  # steps until the next lookup, then that lookup rejected whole
+        n = 0
+        while not (draft := d.propose(answer, None, 4)):
+            n += 1
+        d.update(len(draft), 0)
+        return n
+
+    assert [skipped() for _ in range(8)] == [0, 1, 2, 4, 8, 16, 32, 32] and PAUSE_MAX == 32
+    while not (draft := d.propose(answer, None, 4)):
+        pass
+    d.update(len(draft), 1)  # kept in part: the pauses start over
+    assert [skipped() for _ in range(3)] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("ids", PROMPTS)
 @pytest.mark.parametrize("kw", [dict(max_tokens=24), dict(max_tokens=7), dict(max_tokens=24, stops=("w30",)),
                                 dict(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5),

@@ -26,7 +26,9 @@ p(x), else a draw from p with x left out, renormalised); the generator draws onc
 emitted token, so a seeded request gives the answer it gives with "off" on equal logits.
 
 k adapts per request: every draft token accepted raises it (to K_MAX), a rejection sets it to
-what was accepted plus one. Verifying k tokens at once is a k-token prefill, whose last bits
+what was accepted plus one; a lookup of which nothing is kept pauses lookups for 1, 2, 4 ...
+PAUSE_MAX steps (forced tokens are still drafted), so free text that repeats little of its
+prompt decodes nearly as "off" does. Verifying k tokens at once is a k-token prefill, whose last bits
 can differ from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
 its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
@@ -42,6 +44,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..errors import PrefixEdgeError
 
 K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
+PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many
 NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
 MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
 
@@ -111,6 +114,10 @@ class Drafter:
         self.k = K_START
         self.drafted = 0
         self.accepted = 0
+        self.misses = 0     # lookups rejected whole in a row
+        self.pause = 0      # steps left without a lookup (forced tokens are still drafted)
+        self.looked = False  # the last draft held a lookup, after its `forced` forced tokens
+        self.forced = 0
 
     def _sync(self, tokens: list[int]) -> None:
         new = tokens[self.seen:]
@@ -133,20 +140,34 @@ class Drafter:
             return []
         self._sync(tokens)
         out: list[int] = constraint.forced(limit) if constraint is not None else []
-        if len(out) < limit:
+        self.looked, self.forced = False, len(out)
+        if self.pause:  # lookups have been missing: a verified draft would cost more than it saves
+            self.pause -= 1
+        elif len(out) < limit:
             hist = self.hist[:self.n]
             if out:
                 hist = np.concatenate([hist, np.asarray(out, np.int64)])
-            out += lookup(hist, limit - len(out)).tolist()
+            found = lookup(hist, limit - len(out)).tolist()
+            self.looked = bool(found)
+            out += found
         if out and constraint is not None:
             out = out[:constraint.valid_prefix(out)]
         return out
 
     def update(self, drafted: int, accepted: int) -> None:
+        """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows with a whole draft kept, else falls to what was kept
+        plus one; a lookup kept in nothing pauses lookups for 1, 2, 4 ... PAUSE_MAX steps (free
+        text, where the answer repeats little of the prompt, then decodes as "off" does)."""
         self.drafted += drafted
         self.accepted += accepted
         if drafted:
             self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        if self.looked:
+            if accepted <= self.forced:
+                self.pause = min(PAUSE_MAX, 1 << self.misses)
+                self.misses += 1
+            else:
+                self.misses = 0
 
 
 def lookup(hist: np.ndarray, k: int, ngrams: tuple[int, ...] = NGRAMS) -> np.ndarray:

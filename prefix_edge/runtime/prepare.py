@@ -412,6 +412,8 @@ class Requests:
         P = self.manifest.tasks[r.task].positions(r.prefix_cached) if r.task is not None else 0
         c = r.compose if r.compose is not None else (r.parent.compose if r.parent is not None else None)
         n_input = r.turn_hit + len(r.ids) + (c.n_tokens if c is not None else 0) - (0 if r.prefix_cached else P)
+        cached_from = {"task_prefix": P if r.prefix_cached else 0, "prompt_cache": r.turn_hit,
+                       "documents": c.reused if c is not None else 0}
         stats = Stats(
             prefix_tokens=P, input_tokens=n_input,
             prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
@@ -419,7 +421,7 @@ class Requests:
             decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
             total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
             prefix_cached=r.prefix_cached, finish_reason=finish,
-            cached_tokens=(P if r.prefix_cached else 0) + r.turn_hit + (c.reused if c is not None else 0),
+            cached_tokens=sum(cached_from.values()), cached_from=cached_from,
             drafted_tokens=r.drafter.drafted if r.drafter is not None else 0,
             accepted_tokens=r.drafter.accepted if r.drafter is not None else 0)
         text = "".join(r.chunks)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -23,6 +23,9 @@ class Stats:
     prefix_cached: bool = True
     finish_reason: str = ""
     cached_tokens: int = 0  # positions restored instead of computed: the prefix, earlier turns
+    # where those came from: {"task_prefix": the bundle's baked prefix, "prompt_cache": a prompt
+    # read before (its positions past the task's prefix), "documents": composed documents' KV}
+    cached_from: dict = field(default_factory=dict)
     drafted_tokens: int = 0   # speculative="lookup": draft tokens verified...
     accepted_tokens: int = 0  # ...and those the model agreed with (each saved a forward)
 

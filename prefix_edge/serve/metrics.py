@@ -13,7 +13,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: Counter = Counter()  # (model, status) -> n
         self.prompt_tokens = 0
-        self.cached_tokens = 0
+        self.cached_tokens: Counter = Counter()  # source (Stats.cached_from) -> positions reused
         self.completion_tokens = 0
         self.ttft_counts = [0] * (len(TTFT_BUCKETS_MS) + 1)
         self.ttft_sum_ms = 0.0
@@ -29,7 +29,7 @@ class Metrics:
         with self._lock:
             self.requests[(model, 200)] += 1
             self.prompt_tokens += s.prefix_tokens + s.input_tokens
-            self.cached_tokens += s.prefix_tokens if s.prefix_cached else 0
+            self.cached_tokens.update(s.cached_from or {"task_prefix": s.cached_tokens})
             self.completion_tokens += s.generated_tokens
             self.finish[s.finish_reason] += 1
             i = next((k for k, b in enumerate(TTFT_BUCKETS_MS) if s.ttft_ms <= b), len(TTFT_BUCKETS_MS))
@@ -48,8 +48,11 @@ class Metrics:
             out += ["# TYPE prefix_edge_prompt_tokens_total counter",
                     f"prefix_edge_prompt_tokens_total {self.prompt_tokens}",
                     "# TYPE prefix_edge_cached_prompt_tokens_total counter",
-                    f"prefix_edge_cached_prompt_tokens_total {self.cached_tokens}",
-                    "# TYPE prefix_edge_completion_tokens_total counter",
+                    f"prefix_edge_cached_prompt_tokens_total {sum(self.cached_tokens.values())}",
+                    "# TYPE prefix_edge_cached_prompt_tokens_by_source_total counter"]
+            out += [f'prefix_edge_cached_prompt_tokens_by_source_total{{source="{k}"}} {self.cached_tokens[k]}'
+                    for k in ("task_prefix", "prompt_cache", "documents")]
+            out += ["# TYPE prefix_edge_completion_tokens_total counter",
                     f"prefix_edge_completion_tokens_total {self.completion_tokens}",
                     "# TYPE prefix_edge_client_disconnects_total counter",
                     f"prefix_edge_client_disconnects_total {self.disconnected}",
