@@ -74,7 +74,8 @@ def test_lookup_finds_the_latest_earlier_span():
 
 def test_lookups_pause_after_misses_and_resume_after_a_hit():
     """A lookup of which nothing is kept pauses lookups for 1, 2, 4 ... PAUSE_MAX steps (the
-    paused steps draft nothing); a lookup kept in part starts the pauses from 1 again."""
+    paused steps draft nothing), as do lookups kept less than half the time; lookups kept whole
+    again start the pauses from 1."""
     from prefix_edge.runtime.drafting import PAUSE_MAX
 
     d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64))
@@ -88,9 +89,16 @@ def test_lookups_pause_after_misses_and_resume_after_a_hit():
         return n
 
     assert [skipped() for _ in range(8)] == [0, 1, 2, 4, 8, 16, 32, 32] and PAUSE_MAX == 32
-    while not (draft := d.propose(answer, None, 4)):
-        pass
-    d.update(len(draft), 1)  # kept in part: the pauses start over
+    def kept(n: int) -> None:  # the next lookup, n of it kept
+        while not (draft := d.propose(answer, None, 4)):
+            pass
+        d.update(len(draft), min(n, len(draft)))
+
+    kept(1)  # kept in part, still under half of what lookups drafted lately: paused again
+    assert d.pause == PAUSE_MAX
+    for _ in range(3):
+        kept(4)  # kept whole: the share recovers
+    assert d.pause == 0 and d.misses == 0 and d.rate >= 0.5
     assert [skipped() for _ in range(3)] == [0, 1, 2]
 
 

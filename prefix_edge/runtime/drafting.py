@@ -45,6 +45,10 @@ from ..errors import PrefixEdgeError
 
 K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
 PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many
+# a lookup token kept must pay for the rows verified: with the share of lookup tokens kept (a
+# moving average, 0.3 the latest draft's) below this, lookups pause as after a miss (a verified
+# row costs up to half a step on llama.cpp: docs/speculative.md)
+LOOKUP_RATE = 0.5
 NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
 MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
 
@@ -118,6 +122,7 @@ class Drafter:
         self.pause = 0      # steps left without a lookup (forced tokens are still drafted)
         self.looked = False  # the last draft held a lookup, after its `forced` forced tokens
         self.forced = 0
+        self.rate = 1.0  # the share of lookup tokens kept (moving average)
 
     def _sync(self, tokens: list[int]) -> None:
         new = tokens[self.seen:]
@@ -155,15 +160,19 @@ class Drafter:
         return out
 
     def update(self, drafted: int, accepted: int) -> None:
-        """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows with a whole draft kept, else falls to what was kept
-        plus one; a lookup kept in nothing pauses lookups for 1, 2, 4 ... PAUSE_MAX steps (free
-        text, where the answer repeats little of the prompt, then decodes as "off" does)."""
+        """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows
+        with a whole draft kept, else falls to what was kept plus one; a lookup kept in nothing,
+        or lookups kept less than LOOKUP_RATE of the time, pause lookups for 1, 2, 4 ...
+        PAUSE_MAX steps (free text, where the answer repeats little of the prompt, then decodes
+        nearly as "off" does)."""
         self.drafted += drafted
         self.accepted += accepted
         if drafted:
             self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
         if self.looked:
-            if accepted <= self.forced:
+            kept = max(0, accepted - self.forced)
+            self.rate = 0.7 * self.rate + 0.3 * kept / max(1, drafted - self.forced)
+            if kept == 0 or self.rate < LOOKUP_RATE:
                 self.pause = min(PAUSE_MAX, 1 << self.misses)
                 self.misses += 1
             else:
