@@ -12,7 +12,8 @@ reference is transformers' text class (the one the multimodal class runs on text
 - a baked prefix is its prefill on both engines; a KV-shared layer keeps no KV (it attends to
   its source layer's cache), and requests decoded together answer as alone;
 - what llama.cpp fixes in code (first shared layer 20, per-layer input 256 ...) is refused for
-  the GGUF in one line, and the default formats then give the onnx bundle alone."""
+  the GGUF in one line, and the default formats then give the onnx bundle alone;
+- a PEFT prefix-tuning adapter baked is PEFT on both engines; prompt tuning is refused."""
 
 from __future__ import annotations
 
@@ -223,25 +224,70 @@ def test_gguf_refuses_what_llama_cpp_fixes_in_code(tmp_path):
     assert set(Bundle.open(tmp_path / "b").manifest.backends) == {"onnx"}
 
 
-@pytest.mark.parametrize("kind", ["prompt", "prefix"])
-def test_peft_adapters_are_refused_in_one_line(exported, kind, tmp_path):
-    """PEFT's prompt tuning runs Gemma 3n on embeddings (no per-layer inputs), and its prefix
-    tuning's shared layers read their source's prefix: neither is baked, said before any model
-    is built."""
+def _text_dir(root, tmp_path):
     import json
 
-    from prefix_edge.export.build import export_bundle
     from prefix_edge.export.text_only import write_text_only
+
+    src = root / "model"
+    return write_text_only(src, json.loads((src / "config.json").read_text()), tmp_path / "text")
+
+
+def test_prompt_tuning_is_refused_in_one_line(exported, tmp_path):
+    """PEFT's prompt tuning runs Gemma 3n on embeddings (no per-layer inputs, which the graph
+    takes from ids): refused before any model is built."""
+    from prefix_edge.export.build import export_bundle
 
     from .helpers.adapters import make_adapter
 
     _, _, root, _ = exported
-    src = root / "model"
-    text = write_text_only(src, json.loads((src / "config.json").read_text()), tmp_path / "text")
-    make_adapter(text, kind, tmp_path / "adapter", seed=3)
+    make_adapter(_text_dir(root, tmp_path), "prompt", tmp_path / "adapter", seed=3)
     (tmp_path / "tasks.toml").write_text('[task.tuned]\nkind = "peft"\nadapter = "adapter"\nchat = false\n',
                                          encoding="utf-8")
     with pytest.raises(PrefixEdgeError, match="on Gemma 3n, which prefix-edge does not bake") as e:
-        export_bundle(src, tmp_path / "tasks.toml", tmp_path / "bundle", quantize="none", gguf_quant="f32",
-                      progress=False)
+        export_bundle(root / "model", tmp_path / "tasks.toml", tmp_path / "bundle", quantize="none",
+                      gguf_quant="f32", progress=False)
     assert "\n" not in str(e.value) and not (tmp_path / "bundle").exists()
+
+
+def test_prefix_tuning_is_peft_on_both_engines(exported, tmp_path):
+    """A prefix-tuning adapter baked: its KV-shared layers' own prefix is never read (they read
+    their source layer's, prefix included, as transformers does), so only the 20 KV layers'
+    go into the bundle; the first step equals PEFT's (ONNX fp32 to 1e-4, llama.cpp within its
+    F16 noise, the argmax unless a near tie), and ONNX's greedy run is PEFT's."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from prefix_edge.export.build import export_bundle
+
+    from .helpers.adapters import make_adapter
+
+    _, tok, root, _ = exported
+    text = _text_dir(root, tmp_path)
+    make_adapter(text, "prefix", tmp_path / "adapter", seed=4)
+    (tmp_path / "tasks.toml").write_text(f'[task.tuned]\nkind = "peft"\nadapter = "adapter"\nchat = false\n'
+                                         f'max_tokens = {N}\n', encoding="utf-8")
+    export_bundle(root / "model", tmp_path / "tasks.toml", tmp_path / "bundle", quantize="none", gguf_quant="f32",
+                  progress=False)
+    pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(text)).eval(), str(tmp_path / "adapter")).eval()
+    for backend, atol in (("onnx", 1e-4), ("gguf", GGUF_TIE)):
+        with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
+            prefix, _ = rt.prefixes.get("tuned")
+            for t in INPUTS:
+                ids = tok.encode(t, add_special_tokens=False)
+                cur, want, first = torch.tensor([ids]), [], None
+                with torch.no_grad():
+                    for _ in range(N):
+                        logits = pm(input_ids=cur, attention_mask=torch.ones_like(cur)).logits[0, -1]
+                        first = logits.numpy() if first is None else first
+                        want.append(int(logits.argmax()))
+                        cur = torch.cat([cur, torch.tensor([[want[-1]]])], dim=1)
+                rt.backend.begin(prefix)
+                got = rt.backend.prefill(np.array(ids, np.int64))
+                d = float(np.abs(got - first).max())
+                top2 = np.sort(first)[-2:]
+                assert d <= atol and (top2[1] - top2[0] <= 2 * d or int(np.argmax(got)) == want[0]), (backend, t, d)
+                if backend == "onnx":  # fp32 all the way: the whole greedy run, up to an EOS
+                    stop = next((i for i, x in enumerate(want) if x in set(rt.manifest.model.eos_token_ids)), N)
+                    assert rt.generate("tuned", t, max_tokens=N, stop=[]).tokens[:stop] == want[:stop], t

@@ -179,14 +179,22 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
 
         from ..llamacpp.lib import KV_TYPES
 
-        if be.n_swa and (len(m.sliding_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
+        lay = be.state_layout
+        held = lay.kv_layers + lay.window_layers
+        swa_layers = m.sliding_layers
+        if held < len(keys) and m.model_type.startswith("gemma3n"):
+            # Gemma 3n's KV-shared layers hold no KV (llama.cpp: the first n_layer_kv_from_start
+            # do); they read their source layer's, prefix included, as transformers does
+            keys, values = keys[:held], values[:held]
+            swa_layers = [i for i in swa_layers if i < held]
+        if be.n_swa and (len(swa_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
             raise PrefixEdgeError(
                 f"the GGUF model keeps {be.swa_n_layer} sliding-window layers of {be.n_swa} positions, "
-                f"the checkpoint's config {len(m.sliding_layers)} of {m.sliding_window}: cannot place "
+                f"the checkpoint's config {len(swa_layers)} of {m.sliding_window}: cannot place "
                 "a prefix-tuning KV in its caches")
         blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans,
                                kv_type=KV_TYPES[be.kv_type], rotation=be.kv_rotation,
-                               swa_layers=m.sliding_layers if be.n_swa else (), window=be.n_swa)
+                               swa_layers=swa_layers if be.n_swa else (), window=be.n_swa)
         state = np.frombuffer(blob, np.uint8)
         return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
     raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")

@@ -117,13 +117,11 @@ def check_adapter(a: Adapter, m: ModelInfo, base_names: list[str],
                               f"its text as inputs_embeds, which skip the model's embedding_multiplier "
                               f"({mult:g}), so what it trained is not this model on the text; a bundle "
                               "cannot give its answers")
-    if (config or {}).get("model_type") in ("gemma3n", "gemma3n_text"):
+    if (config or {}).get("model_type") in ("gemma3n", "gemma3n_text") and not a.is_kv:
         raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is {a.peft_type} on Gemma 3n, which "
-                              "prefix-edge does not bake: " + (
-                                  "PEFT runs a prompt-tuned Gemma 3n on embeddings, without the per-layer "
-                                  "inputs its layers take from token ids, and the bundle's graph reads ids"
-                                  if not a.is_kv else "its KV-shared layers read their source layer's "
-                                  "prefix, not their own") + " (a text task works)")
+                              "prefix-edge does not bake: PEFT runs a prompt-tuned Gemma 3n on embeddings, "
+                              "without the per-layer inputs its layers take from token ids, and the "
+                              "bundle's graph reads ids (prefix tuning and text tasks work)")
 
     def fits(key: str, got, want, what: str) -> None:
         if got is not None and got != want:
