@@ -102,6 +102,59 @@ def test_lookups_pause_after_misses_and_resume_after_a_hit():
     assert [skipped() for _ in range(3)] == [0, 1, 2]
 
 
+def test_row_cost_is_measured_from_decode_forwards():
+    """RowCost: a row's cost as a share of a one-token step, the slope of the decode forwards'
+    times over their token counts; the prior until both one-token and longer forwards are seen;
+    a forward past MAX_TIMED tokens is not timed."""
+    from prefix_edge.runtime.drafting import MAX_TIMED, ROW_PRIOR, RowCost
+
+    c = RowCost()
+    assert c.share() == ROW_PRIOR
+    c.observe(1, 0.010)
+    assert c.share() == ROW_PRIOR
+    c.observe(3, 0.014)
+    c.observe(5, 0.018)
+    assert c.share() == pytest.approx(0.2)
+    c.observe(MAX_TIMED + 1, 9.0)
+    assert c.share() == pytest.approx(0.2)
+    c.observe(3, 0.054)  # an exponential average: 0.8 * 0.014 + 0.2 * 0.054 = 0.022
+    assert c.t[3] == pytest.approx(0.022)
+    s, e = scheduler(Counting())  # the scheduler times its decode forwards into it
+    try:
+        r = request(PROMPTS[0], max_tokens=24)
+        r.speculative = "lookup"
+        s.submit(r)
+        outcome(r)
+        assert 1 in s.drafting.cost.t and max(s.drafting.cost.t) > 1
+        assert s.drafting.fared[r.task] == (r.drafter.rate, r.drafter.misses)  # for its next request
+    finally:
+        s.close()
+
+
+def test_lookups_are_as_long_as_their_rows_pay():
+    """The i-th lookup token is kept about rate**i of the time: a lookup drafts while that is
+    more than a row costs; at a kept share under the cost, one token (a probe)."""
+    span = np.arange(10, 40, dtype=np.int64)
+    for rate, cost, want in ((1.0, 0.9, 8), (0.8, 0.1, 8), (0.8, 0.5, 3), (0.8, 0.7, 1), (0.3, 0.5, 1)):
+        d = Drafter(np.concatenate([span, span[:3]]))
+        d.k, d.rate = 8, rate
+        assert len(d.propose([], None, 8, cost)) == want, (rate, cost)
+    d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64))  # pauses scale with the cost: here 2x
+
+    def skipped() -> int:
+        n = 0
+        while not (draft := d.propose([2, 3], None, 4, 1.0)):
+            n += 1
+        d.update(len(draft), 0)
+        return n
+
+    assert [skipped() for _ in range(8)] == [0, 2, 4, 8, 16, 32, 64, 64]
+    # a request of a task whose last request left its lookups missing starts in that pause,
+    # then probes one token
+    d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64), rate=0.2, misses=3)
+    assert [d.propose([2, 3], None, 4, 0.5) for _ in range(5)] == [[], [], [], [], [4]]
+
+
 @pytest.mark.parametrize("ids", PROMPTS)
 @pytest.mark.parametrize("kw", [dict(max_tokens=24), dict(max_tokens=7), dict(max_tokens=24, stops=("w30",)),
                                 dict(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5),

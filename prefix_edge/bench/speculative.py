@@ -5,8 +5,9 @@ With peers, llama.cpp's own prompt-lookup decoding on the same GGUF file beside 
 
 Inputs: a JSONL file (`--inputs FILE`: lines {"task": ..., "input": ...}, or {"input": ...} for
 every task), else each demo task's embedded held-out set; a task with neither is skipped. Each
-input runs "off" then "lookup" on one runtime per engine (slots=1, nothing else running), after
-one warm-up request; a task's own options (its schema, max_tokens) apply to both.
+input runs "off" and "lookup" one after the other (the order alternating from input to input, so
+a machine's drift slows both alike) on one runtime per engine (slots=1, nothing else running),
+after one warm-up request; a task's own options (its schema, max_tokens) apply to both.
 
 The peer: llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))`
 against the same Llama without a draft model, the same prompt ids (the task's prefix ids and its
@@ -59,24 +60,23 @@ def inputs_of(task: str, n: int, given: dict | None = None) -> list[str]:
 
 def measure(rt, task: str, texts: list[str]) -> dict:
     """One task on one runtime: "off" then "lookup" over `texts` (module doc)."""
-    out, answers = {}, {}
-    for spec in ("off", "lookup"):
-        gen = dec_s = accepted = drafted = decode_steps = 0
-        answers[spec] = []
-        for text in texts:
+    acc = {spec: dict(gen=0, dec_s=0.0, accepted=0, drafted=0, steps=0) for spec in ("off", "lookup")}
+    answers: dict[str, list[str]] = {"off": [], "lookup": []}
+    for i, text in enumerate(texts):  # interleaved, the order alternating: drift hits both alike
+        for spec in (("off", "lookup") if i % 2 == 0 else ("lookup", "off")):
             r = rt.generate(task, text, speculative=spec, temperature=0.0)
-            s = r.stats
+            s, a = r.stats, acc[spec]
             n_dec = max(0, s.generated_tokens - 1)
-            gen += n_dec
+            a["gen"] += n_dec
             if s.decode_tok_s > 0:
-                dec_s += n_dec / s.decode_tok_s
-            accepted += s.accepted_tokens
-            drafted += s.drafted_tokens
-            decode_steps += max(0, n_dec - s.accepted_tokens)
+                a["dec_s"] += n_dec / s.decode_tok_s
+            a["accepted"] += s.accepted_tokens
+            a["drafted"] += s.drafted_tokens
+            a["steps"] += max(0, n_dec - s.accepted_tokens)
             answers[spec].append(r.text)
-        out[spec] = {"decode_tokens": gen, "tok_s": round(gen / dec_s, 1) if dec_s else 0.0,
-                     "tokens_per_forward": round(gen / decode_steps, 3) if decode_steps else 1.0,
-                     "drafted": drafted, "accepted": accepted}
+    out = {spec: {"decode_tokens": a["gen"], "tok_s": round(a["gen"] / a["dec_s"], 1) if a["dec_s"] else 0.0,
+                  "tokens_per_forward": round(a["gen"] / a["steps"], 3) if a["steps"] else 1.0,
+                  "drafted": a["drafted"], "accepted": a["accepted"]} for spec, a in acc.items()}
     equal = sum(a == b for a, b in zip(answers["off"], answers["lookup"]))
     valid = sum(_is_json(t) for t in answers["lookup"]) if task in JSON_TASKS else None
     return {"task": task, "n": len(texts), "equal": equal, "json_valid": valid, **out,

@@ -27,8 +27,12 @@ emitted token, so a seeded request gives the answer it gives with "off" on equal
 
 k adapts per request: every draft token accepted raises it (to K_MAX), a rejection sets it to
 what was accepted plus one; a lookup of which nothing is kept pauses lookups for 1, 2, 4 ...
-PAUSE_MAX steps (forced tokens are still drafted), so free text that repeats little of its
-prompt decodes nearly as "off" does. Verifying k tokens at once is a k-token prefill, whose last bits
+PAUSE_MAX steps, scaled by the row cost (forced tokens are still drafted), so free text that repeats little of its
+prompt decodes nearly as "off" does. What a verified row costs is measured, not assumed
+(RowCost: the scheduler's own decode forwards, timed by their token count): a lookup token is
+drafted only where the share of lookup tokens kept lately pays for its row (llama.cpp on a
+small CPU: a row costs most of a step, so lookups must be kept nearly always; ONNX Runtime's
+int4 kernels: a tenth of one, so most lookups pay; benchmarks/verify_cost.py). Verifying k tokens at once is a k-token prefill, whose last bits
 can differ from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
 its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
@@ -44,11 +48,14 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..errors import PrefixEdgeError
 
 K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
-PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many
+PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many, times
+# the row cost over ROW_PRIOR (a probe that costs most of a step is made less often)
 # a lookup token kept must pay for the rows verified: with the share of lookup tokens kept (a
-# moving average, 0.3 the latest draft's) below this, lookups pause as after a miss (a verified
-# row costs up to half a step on llama.cpp: docs/speculative.md)
-LOOKUP_RATE = 0.5
+# moving average, 0.3 the latest draft's) below what a row costs (RowCost.share, as a share of a
+# one-token step; ROW_PRIOR until this machine's forwards have told it), lookups pause as after a miss
+ROW_PRIOR = 0.5
+ROW_FLOOR = 0.05  # lookups never drafted at a kept share under this, however cheap rows seem
+MAX_TIMED = 16    # decode forwards of up to this many tokens are timed
 NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
 MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
 
@@ -60,6 +67,10 @@ class Drafting:
     def __init__(self, backend, stats: dict):
         self.backend, self.stats = backend, stats
         self.said = False  # an engine that cannot verify drafts is said once
+        self.cost = RowCost()
+        # per task: how its lookups fared lately (kept share, misses in a row), where a new
+        # request of it starts (a free-text task's requests start paused, not optimistic)
+        self.fared: dict[str, tuple[float, int]] = {}
 
     def draft(self, r, budget: int) -> list[int] | None:
         """r's draft to forward after its next token (speculative="lookup"), or None: its
@@ -73,9 +84,10 @@ class Drafting:
                 r.speculative = "off"
                 return None
             first = r.parent if r.parent is not None else r  # a choice: its first one's input
-            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]))
+            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]),
+                                *self.fared.get(r.task, ()))
         limit = min(budget, r.max_tokens - r.n_samples - 1)
-        draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit) if limit > 0 else []
+        draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit, self.cost.share()) if limit > 0 else []
         return draft or None
 
     def _say(self) -> None:
@@ -95,6 +107,8 @@ class Drafting:
         n = accept(r, rows, draft, sample)
         r.pos = pos + 1 + n
         r.drafter.update(len(draft), n)
+        if r.drafter.looked:
+            self.fared[r.task] = (r.drafter.rate, r.drafter.misses)
         self.stats["drafted"] += len(draft)
         self.stats["accepted"] += n
         if not r.done and n < len(draft):
@@ -109,7 +123,9 @@ class Drafter:
     """One request's drafting state: its history (prompt, then the answer as it grows), k,
     and what it drafted and had accepted."""
 
-    def __init__(self, source: np.ndarray):
+    def __init__(self, source: np.ndarray, rate: float = 1.0, misses: int = 0):
+        """source: the prompt; rate, misses: where the task's last request left its lookups
+        (a task whose lookups kept missing starts paused, as its last request ended)."""
         source = np.asarray(source, np.int64).reshape(-1)[-MAX_HISTORY:]
         self.hist = np.empty(max(256, 2 * source.size), np.int64)
         self.hist[:source.size] = source
@@ -118,11 +134,12 @@ class Drafter:
         self.k = K_START
         self.drafted = 0
         self.accepted = 0
-        self.misses = 0     # lookups rejected whole in a row
-        self.pause = 0      # steps left without a lookup (forced tokens are still drafted)
+        self.misses = misses  # lookups rejected (or kept too seldom) in a row
+        self.pause = min(PAUSE_MAX, 1 << (misses - 1)) if misses else 0  # steps left without a lookup
         self.looked = False  # the last draft held a lookup, after its `forced` forced tokens
         self.forced = 0
-        self.rate = 1.0  # the share of lookup tokens kept (moving average)
+        self.rate = rate  # the share of lookup tokens kept (moving average)
+        self.row_cost = ROW_PRIOR  # what a verified row cost when the last draft was made
 
     def _sync(self, tokens: list[int]) -> None:
         new = tokens[self.seen:]
@@ -137,22 +154,28 @@ class Drafter:
         self.n += len(new)
         self.seen = len(tokens)
 
-    def propose(self, tokens: list[int], constraint, limit: int) -> list[int]:
+    def propose(self, tokens: list[int], constraint, limit: int, row_cost: float = ROW_PRIOR) -> list[int]:
         """Up to min(k, limit) tokens to follow the answer `tokens` (whose last is the token
-        about to be forwarded): forced ones first, then a lookup."""
+        about to be forwarded): forced ones first, then a lookup of as many tokens as pay for
+        their rows (`row_cost`: a verified row's cost as a share of a one-token step)."""
         limit = min(self.k, limit)
         if limit < 1:
             return []
         self._sync(tokens)
         out: list[int] = constraint.forced(limit) if constraint is not None else []
         self.looked, self.forced = False, len(out)
+        self.row_cost = row_cost = max(ROW_FLOOR, row_cost)
         if self.pause:  # lookups have been missing: a verified draft would cost more than it saves
             self.pause -= 1
         elif len(out) < limit:
             hist = self.hist[:self.n]
             if out:
                 hist = np.concatenate([hist, np.asarray(out, np.int64)])
-            found = lookup(hist, limit - len(out)).tolist()
+            # the i-th lookup token is kept about rate**i of the time: draft while that pays for
+            # its row (after a pause, at a rate under the cost: one token, a probe)
+            worth = limit - len(out) if self.rate >= 1 else 1 if self.rate <= row_cost else \
+                int(np.log(row_cost) / np.log(self.rate))
+            found = lookup(hist, min(limit - len(out), max(1, worth))).tolist()
             self.looked = bool(found)
             out += found
         if out and constraint is not None:
@@ -162,7 +185,7 @@ class Drafter:
     def update(self, drafted: int, accepted: int) -> None:
         """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows
         with a whole draft kept, else falls to what was kept plus one; a lookup kept in nothing,
-        or lookups kept less than LOOKUP_RATE of the time, pause lookups for 1, 2, 4 ...
+        or lookups kept less often than a row costs (propose's row_cost), pause lookups for 1, 2, 4 ...
         PAUSE_MAX steps (free text, where the answer repeats little of the prompt, then decodes
         nearly as "off" does)."""
         self.drafted += drafted
@@ -172,11 +195,36 @@ class Drafter:
         if self.looked:
             kept = max(0, accepted - self.forced)
             self.rate = 0.7 * self.rate + 0.3 * kept / max(1, drafted - self.forced)
-            if kept == 0 or self.rate < LOOKUP_RATE:
-                self.pause = min(PAUSE_MAX, 1 << self.misses)
+            if kept == 0 or self.rate < self.row_cost:
+                # 1, 2, 4 ... PAUSE_MAX steps at the prior cost, longer where a probe costs more
+                scale = self.row_cost / ROW_PRIOR
+                self.pause = int(np.ceil(min(PAUSE_MAX, 1 << self.misses) * scale))
                 self.misses += 1
             else:
                 self.misses = 0
+
+
+class RowCost:
+    """What one more token in a decode forward costs on this machine, as a share of a one-token
+    step: from the scheduler's own decode forwards (observe: tokens in it, seconds), an
+    exponential average per token count, the slope over them against one token's time. Until
+    forwards of one token and of more have both been seen, ROW_PRIOR."""
+
+    def __init__(self):
+        self.t: dict[int, float] = {}
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if 1 <= tokens <= MAX_TIMED:
+            old = self.t.get(tokens)
+            self.t[tokens] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def share(self) -> float:
+        one = self.t.get(1)
+        more = [(n, t) for n, t in self.t.items() if n > 1]
+        if not one or not more:
+            return ROW_PRIOR
+        slope = sum(t - one for _, t in more) / sum(n - 1 for n, _ in more)
+        return float(min(1.5, max(0.0, slope / one)))
 
 
 def lookup(hist: np.ndarray, k: int, ngrams: tuple[int, ...] = NGRAMS) -> np.ndarray:

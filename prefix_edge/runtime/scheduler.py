@@ -358,7 +358,7 @@ class Scheduler:
                 groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])
                 budget -= n
         for group in groups:
-            self._forward([it for it, _ in group], [ow for _, ow in group])
+            self._forward([it for it, _ in group], [ow for _, ow in group], timed=group is decode)
 
     def _compose(self, r: Request) -> int:
         """The next unit of r's composition; the tokens it forwarded."""
@@ -369,9 +369,12 @@ class Scheduler:
                 f"engine error while composing documents: {type(e).__name__}: {e}"))
             return 0
 
-    def _forward(self, items: list, owners: list) -> None:
+    def _forward(self, items: list, owners: list, timed: bool = False) -> None:
         try:
+            t0 = time.perf_counter()
             logits = self.backend.forward(items)
+            if timed:  # the decode forward: what a verified row costs here (drafting.RowCost)
+                self.drafting.cost.observe(sum(n for _, n, _ in owners), time.perf_counter() - t0)
         except Exception as e:
             err = e if isinstance(e, PrefixEdgeError) else \
                 PrefixEdgeError(f"engine error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
