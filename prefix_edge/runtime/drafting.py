@@ -27,13 +27,15 @@ emitted token, so a seeded request gives the answer it gives with "off" on equal
 
 k adapts per request: every draft token accepted raises it (to K_MAX), a rejection sets it to
 what was accepted plus one; a lookup of which nothing is kept pauses lookups for 1, 2, 4 ...
-PAUSE_MAX steps, scaled by the row cost (forced tokens are still drafted), so free text that repeats little of its
-prompt decodes nearly as "off" does. What a verified row costs is measured, not assumed
-(RowCost: the scheduler's own decode forwards, timed by their token count): a lookup token is
-drafted only where the share of lookup tokens kept lately pays for its row (llama.cpp on a
-small CPU: a row costs most of a step, so lookups must be kept nearly always; ONNX Runtime's
-int4 kernels: a tenth of one, so most lookups pay; benchmarks/verify_cost.py). Verifying k tokens at once is a k-token prefill, whose last bits
-can differ from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
+PAUSE_MAX steps, scaled by the row cost (forced tokens are still drafted), so free text that
+repeats little of its prompt decodes nearly as "off" does. What a verified row costs is
+measured, not assumed (RowCost: the scheduler's own decode forwards, timed by their token
+count): a lookup token is drafted only where the share of lookup tokens kept lately pays for its
+row (llama.cpp on a small CPU: a row costs most of a step, so lookups must be kept nearly
+always; ONNX Runtime's int4 kernels: a tenth of one, so most lookups pay;
+benchmarks/verify_cost.py). A task's next request starts where its last left its lookups
+(Drafting.fared). Verifying k tokens at once is a k-token prefill, whose last bits can differ
+from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
 its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
 """
@@ -54,7 +56,7 @@ PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to 
 # moving average, 0.3 the latest draft's) below what a row costs (RowCost.share, as a share of a
 # one-token step; ROW_PRIOR until this machine's forwards have told it), lookups pause as after a miss
 ROW_PRIOR = 0.5
-ROW_FLOOR = 0.05  # lookups never drafted at a kept share under this, however cheap rows seem
+ROW_FLOOR = 0.05  # the least a row is taken to cost, however cheap it measured
 MAX_TIMED = 16    # decode forwards of up to this many tokens are timed
 NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
 MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
@@ -185,8 +187,8 @@ class Drafter:
     def update(self, drafted: int, accepted: int) -> None:
         """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows
         with a whole draft kept, else falls to what was kept plus one; a lookup kept in nothing,
-        or lookups kept less often than a row costs (propose's row_cost), pause lookups for 1, 2, 4 ...
-        PAUSE_MAX steps (free text, where the answer repeats little of the prompt, then decodes
+        or lookups kept less often than a row costs (propose's row_cost), pause lookups for
+        1, 2, 4 ... PAUSE_MAX steps times that cost over ROW_PRIOR (free text, where the answer repeats little of the prompt, then decodes
         nearly as "off" does)."""
         self.drafted += drafted
         self.accepted += accepted
