@@ -188,8 +188,8 @@ class Drafter:
         """After a verified draft of `drafted` tokens of which `accepted` were kept: k grows
         with a whole draft kept, else falls to what was kept plus one; a lookup kept in nothing,
         or lookups kept less often than a row costs (propose's row_cost), pause lookups for
-        1, 2, 4 ... PAUSE_MAX steps times that cost over ROW_PRIOR (free text, where the answer repeats little of the prompt, then decodes
-        nearly as "off" does)."""
+        1, 2, 4 ... PAUSE_MAX steps times that cost over ROW_PRIOR (free text, where the
+        answer repeats little of the prompt, then decodes nearly as "off" does)."""
         self.drafted += drafted
         self.accepted += accepted
         if drafted:
