@@ -82,7 +82,9 @@ def test_bench_speculative_report(bundle_int4, tmp_path):
         assert r["n"] == 2 and r["off"]["tokens_per_forward"] == 1.0 and r["off"]["drafted"] == 0
         assert r["lookup"]["tokens_per_forward"] >= 1.0 and 0 <= r["equal"] <= 2
         assert (r["json_valid"] is not None) == (r["task"] == "extract")
+        assert 0.0 <= r["row_cost"] <= 1.5  # the runtime's measured cost of a verified row
     assert "no held-out inputs" in p.stderr.decode() and "| engine | task |" in p.stdout.decode()
+    assert "A verified row's cost as a share of a one-token step, measured by the runtime: onnx" in p.stdout.decode()
     given = tmp_path / "inputs.jsonl"
     given.write_text('{"input": "hello there"}\n{"task": "raw", "input": "le chat"}\n', encoding="utf-8")
     p = cli("bench", "--speculative", "--bundle", bundle_int4, "--backend", "gguf", "--runs", "1",

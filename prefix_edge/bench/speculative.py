@@ -108,7 +108,8 @@ def run_all(root: Path, backends: list[str], threads: int | None, n: int, tasks:
                     log(f"{task}: no held-out inputs (give some with --inputs FILE), skipped")
                     continue
                 rt.generate(task, texts[0])  # warm-up
-                row = {"backend": backend, **measure(rt, task, texts)}
+                row = {"backend": backend, **measure(rt, task, texts),
+                       "row_cost": rt.engine_info()["draft_row_cost"]}
                 rows.append(row)
                 log(json.dumps(row))
     report = {"rows": rows}
@@ -175,6 +176,10 @@ def table(report: dict) -> list[str]:
         out.append(f"| {r['backend']} | {r['task']} | {r['n']} | {r['lookup']['tokens_per_forward']:.2f} "
                    f"| {r['off']['tok_s']} | {r['lookup']['tok_s']} | {r['speedup']} | {r['equal']}/{r['n']} "
                    f"| {valid} |")
+    costs = {r["backend"]: r["row_cost"] for r in report["rows"] if "row_cost" in r}
+    if costs:  # the last measure of each engine: its runtime has seen every task's forwards
+        out += ["", "A verified row's cost as a share of a one-token step, measured by the runtime: " +
+                ", ".join(f"{b} {c}" for b, c in costs.items())]
     if report.get("peer"):
         out += ["", "| llama-cpp-python | task | inputs | decode tok/s | ratio to its plain decode | answers equal |",
                 "|---|---|---|---|---|---|"]

@@ -345,4 +345,7 @@ class Runtime:
                 "n_ctx": self.n_ctx, "shared_kv": self.shared_kv,
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
-                "document_cache": self.documents.info(), "host_cache": self.host.info(), **s.stats}
+                "document_cache": self.documents.info(), "host_cache": self.host.info(),
+                # what one more token in a decode forward costs here, as a share of a step
+                # (measured from this runtime's forwards; drafting sizes lookups by it)
+                "draft_row_cost": round(s.drafting.cost.share(), 3), **s.stats}
