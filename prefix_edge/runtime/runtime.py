@@ -330,7 +330,7 @@ class Runtime:
         out = {"host_cache": self.host.info(),
                "task_prefixes": prefixes,
                "resident_prefixes": {"bytes": sum(r["bytes"] for r in s.resident_info().values()),
-                                     "budget_bytes": s.resident_bytes}}
+                                     "budget_bytes": s.residents.budget_bytes}}
         if hasattr(self.backend, "spare_info"):
             out["kv_spares"] = self.backend.spare_info()
         return {k: {"bytes": v["bytes"], "budget_bytes": v["budget_bytes"]} for k, v in out.items()}

@@ -11,7 +11,7 @@ input, so a long input neither blocks the others nor delays a cancel by more tha
 Shared prefixes (llama.cpp): a task's baked prefix is restored once into a *resident* sequence;
 a request of that task starts as `seq_cp` of it, so N requests hold one copy of the prefix cells
 (unified KV cache) and a task switch is a `seq_cp`, not a restore. Resident prefixes are kept
-within a byte budget, least recently used evicted first (never one in use). The KV cache has a
+within a byte budget, least recently used evicted first (never one in use): residents.py. The KV cache has a
 fixed number of cells: a request reserves input + max_tokens cells on admission and waits while
 they are not free.
 
@@ -28,25 +28,15 @@ import queue
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .drafting import Drafting
-from .prefix import Prefix
 from .cache.prompts import chunk_end
 from .request import Request
+from .residents import Residents
 from .sampling import token_logprobs
-
-
-@dataclass
-class _Resident:
-    seq: int
-    cells: int
-    nbytes: int
-    users: int = 0
 
 
 class Scheduler:
@@ -58,11 +48,8 @@ class Scheduler:
         self.queue_size = queue_size
         self.prefill_chunk = max(1, prefill_chunk)
         self.n_batch = backend.n_batch if backend.n_batch is not None else 1 << 30  # None: unbounded
-        self.resident_bytes = resident_bytes
-        self.free_resident = list(resident_seqs)
         self.free_seqs = list(request_seqs)
         self.kv_cells = kv_cells  # None: no cell accounting (ONNX)
-        self.residents: OrderedDict[str, _Resident] = OrderedDict()
         self.active: list[Request] = []
         self.waiting: list[Request] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -73,6 +60,7 @@ class Scheduler:
         self._closing = False
         self.stats = {"steps": 0, "resident_restores": 0, "resident_hits": 0, "forward_tokens": 0,
                       "drafted": 0, "accepted": 0}
+        self.residents = Residents(backend, resident_bytes, resident_seqs, self.stats)
         self.drafting = Drafting(backend, self.stats)
         self._thread = threading.Thread(target=self._loop, name="prefix-edge-engine", daemon=True)
         self._thread.start()
@@ -119,8 +107,7 @@ class Scheduler:
         return self._closing
 
     def resident_info(self) -> dict[str, dict]:
-        return {k: {"seq": r.seq, "cells": r.cells, "bytes": r.nbytes, "users": r.users}
-                for k, r in list(self.residents.items())}
+        return self.residents.info()
 
     # -- the engine thread ----------------------------------------------------------------
     def _loop(self) -> None:
@@ -152,8 +139,6 @@ class Scheduler:
                 except queue.Empty:
                     break
                 fut.set_exception(RuntimeClosed("the runtime is closed"))
-            for res in self.residents.values():
-                self.backend.seq_free(res.seq)
             self.residents.clear()
             self.backend.close()  # the native memory goes back with the engine thread
 
@@ -198,8 +183,8 @@ class Scheduler:
             self.backend.seq_free(r.seq)
             self.free_seqs.append(r.seq)
             r.seq = -1
-        if r.uses_resident and r.prefix_key in self.residents:
-            self.residents[r.prefix_key].users -= 1
+        if r.uses_resident:
+            self.residents.release(r.prefix_key)
             r.uses_resident = False
         r.reserved = 0
         for sib in r.siblings:  # choices not forked yet end with their first one
@@ -216,27 +201,12 @@ class Scheduler:
 
     # cells ------------------------------------------------------------------------------
     def _cells_used(self) -> int:
-        return sum(x.cells for x in self.residents.values()) + sum(r.reserved for r in self.active)
-
-    def _evict_until(self, enough, keep: str | None = None) -> bool:
-        """Evict unused resident prefixes, least recently used first and never `keep`, until
-        enough() holds; return whether it does."""
-        for key in list(self.residents):
-            if enough():
-                break
-            if key != keep and self.residents[key].users == 0:
-                self._evict(key)
-        return bool(enough())
+        return self.residents.cells() + sum(r.reserved for r in self.active)
 
     def _free_cells_for(self, need: int, keep: str | None) -> bool:
         """Make `need` KV cells free (evicting unused resident prefixes if needed)."""
-        return self.kv_cells is None or self._evict_until(
+        return self.kv_cells is None or self.residents.evict_until(
             lambda: self.kv_cells - self._cells_used() >= need, keep)
-
-    def _evict(self, key: str) -> None:
-        res = self.residents.pop(key)
-        self.backend.seq_free(res.seq)
-        self.free_resident.append(res.seq)
 
     def _admit(self) -> None:
         while self.waiting and self.free_seqs:
@@ -262,7 +232,7 @@ class Scheduler:
             if r.prefix is not None else 0
         own = len(r.ids) + r.max_tokens + (r.compose.n_tokens if r.compose is not None else 0)
         shared = (r.prefix is not None and r.prefix_key is not None
-                  and (r.prefix_key in self.residents or self._can_reside(r.prefix)))
+                  and (r.prefix_key in self.residents or self.residents.can_hold(r.prefix)))
         # a prefix already resident costs no new cells; any other is restored once
         need = own + (0 if shared and r.prefix_key in self.residents else n_prefix)
         if self.kv_cells is not None and need > self.kv_cells:
@@ -276,15 +246,9 @@ class Scheduler:
         seq = self.free_seqs.pop()
         try:
             if shared:
-                res = self.residents.get(r.prefix_key)
-                if res is None:
-                    res = self._make_resident(r.prefix_key, r.prefix)
-                else:
-                    self.stats["resident_hits"] += 1
-                self.residents.move_to_end(r.prefix_key)
-                self.backend.seq_copy(res.seq, seq)
-                res.users += 1
+                res = self.residents.acquire(r.prefix_key, r.prefix)
                 r.uses_resident = True
+                self.backend.seq_copy(res.seq, seq)
                 r.reserved = own
             else:
                 self.backend.seq_restore(seq, r.prefix, r.prefix_keep)
@@ -301,32 +265,6 @@ class Scheduler:
             sib.seq, sib.fed, sib.reserved = self.free_seqs.pop(), len(sib.ids), sib.max_tokens
             self.active.append(sib)
         return True
-
-    def _can_reside(self, prefix: Prefix) -> bool:
-        if not self.free_resident and not any(x.users == 0 for x in self.residents.values()):
-            return False
-        if self.resident_bytes <= 0 or prefix.nbytes > self.resident_bytes:
-            return False
-        return True
-
-    def _make_resident(self, key: str, prefix: Prefix) -> _Resident:
-        def fits() -> bool:  # a free resident sequence, and the byte budget
-            held = sum(x.nbytes for x in self.residents.values())
-            return bool(self.free_resident) and held + prefix.nbytes <= self.resident_bytes
-
-        if not self._evict_until(fits):
-            raise PrefixEdgeError("internal error: no resident slot")  # _can_reside said yes
-        seq = self.free_resident.pop()
-        try:
-            self.backend.seq_restore(seq, prefix)
-        except BaseException:
-            self.backend.seq_free(seq)
-            self.free_resident.append(seq)
-            raise
-        self.stats["resident_restores"] += 1
-        res = _Resident(seq, prefix.n_tokens, prefix.nbytes)
-        self.residents[key] = res
-        return res
 
     # the step ---------------------------------------------------------------------------
     def _step(self) -> None:
