@@ -214,19 +214,20 @@ class RowCost:
 
     def __init__(self):
         self.t: dict[int, float] = {}
+        self._share = ROW_PRIOR  # recomputed once per forward timed, read by every draft
 
     def observe(self, tokens: int, seconds: float) -> None:
         if 1 <= tokens <= MAX_TIMED:
             old = self.t.get(tokens)
             self.t[tokens] = seconds if old is None else 0.8 * old + 0.2 * seconds
+            one = self.t.get(1)
+            more = [(n, t) for n, t in self.t.items() if n > 1]
+            if one and more:
+                slope = sum(t - one for _, t in more) / sum(n - 1 for n, _ in more)
+                self._share = float(min(1.5, max(0.0, slope / one)))
 
     def share(self) -> float:
-        one = self.t.get(1)
-        more = [(n, t) for n, t in self.t.items() if n > 1]
-        if not one or not more:
-            return ROW_PRIOR
-        slope = sum(t - one for _, t in more) / sum(n - 1 for n, _ in more)
-        return float(min(1.5, max(0.0, slope / one)))
+        return self._share
 
 
 def lookup(hist: np.ndarray, k: int, ngrams: tuple[int, ...] = NGRAMS) -> np.ndarray:
