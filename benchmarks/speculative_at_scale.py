@@ -16,6 +16,7 @@ steps round differently. Read the tokens-per-forward and decode rows of this run
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,24 +25,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-ORDER_JSON = '''[task.order_json]
-# order_json's schema and template as a text task (the demo's trained adapter is SmolLM2's own)
-kind = "text"
-chat = false
-prefix = "Each order message, then its details as one line of JSON: name, product, quantity, city.\\n\\n"
-template = "Message: {input}\\nJSON:\\n"
-max_tokens = 48
-stop = ["\\n"]
-[task.order_json.json_schema]
-type = "object"
-required = ["name", "product", "quantity", "city"]
-additionalProperties = false
-[task.order_json.json_schema.properties]
-name = { type = ["string", "null"] }
-product = { type = ["string", "null"] }
-quantity = { type = ["integer", "null"] }
-city = { type = ["string", "null"] }
-'''
+# order_json's trained adapter is SmolLM2's own: at another model it becomes a text task with
+# the same template, schema and limits, and a raw-text prefix saying what to write
+AS_TEXT = 'kind = "text"\nprefix = "Each order message, then its details as one line of JSON: name, product, ' \
+          'quantity, city.\\n\\n"'
+
+
+def tasks_file(demo: str) -> str:
+    """The demo tasks file with order_json as a text task and without the trained twins."""
+    head, rest = demo.split("[task.order_json]", 1)
+    order = "[task.order_json]" + rest.split("\n# ---", 1)[0]  # up to the trained twins' block
+    order = re.sub(r'kind = "peft"\nadapter = "[^"]*"', lambda _: AS_TEXT, order)
+    return head + order.rstrip() + "\n"
 
 
 def main() -> None:
@@ -58,9 +53,8 @@ def main() -> None:
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    demo = default_tasks_file().read_text(encoding="utf-8")
     tasks = work / "tasks.toml"
-    tasks.write_text(demo.split("[task.order_json]")[0] + ORDER_JSON, encoding="utf-8")
+    tasks.write_text(tasks_file(default_tasks_file().read_text(encoding="utf-8")), encoding="utf-8")
     hf = models_at_scale.build(a.model, work / "hf", default_bundle() / "tokenizer")
     bundle = work / "bundle"
     if not (bundle / "manifest.json").is_file():
