@@ -41,11 +41,13 @@ def leading_special_ids(tokenizer) -> list[int]:
 def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int,
                n_virtual: int = 0) -> list[int]:
     """The prefix's text ids (after `n_virtual` virtual tokens, for a peft task). A raw-text
-    (chat = false) peft task's text starts with what the tokenizer adds in front of a text, as
-    PEFT sees `tokenizer(text)`: soft prompt / prefix KV first, then BOS and the text."""
+    (chat = false) task's text starts with what the tokenizer adds in front of a text (a BOS,
+    for models that want one: Gemma's answers are garbage without it), as llama.cpp and
+    transformers see the same prompt; a peft one's as PEFT sees `tokenizer(text)`: soft prompt
+    / prefix KV first, then BOS and the text. A chat task's template writes its own BOS."""
     text = rendered.prefix_text
     ids = tokenizer.encode(text, add_special_tokens=False).ids if text else []
-    if n_virtual and not rendered.chat:
+    if not rendered.chat and (text or n_virtual):
         ids = leading_special_ids(tokenizer) + ids
     if not ids and not n_virtual:
         raise PrefixEdgeError(f"task '{name}': the prefix renders to no tokens")

@@ -45,6 +45,7 @@ def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
             with contextlib.redirect_stderr(io.StringIO()):
                 tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
                 n_ctx = _match_gguf_bos(tok, model)
+                tok = _faithful_tokenizer(tok, model, out)
                 if before_model is not None:
                     before_model(tok, n_ctx)
                 m = AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name,
@@ -54,7 +55,6 @@ def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
         m.save_pretrained(str(out))
-        tok.save_pretrained(str(out), legacy_format=False)  # not a copy of the GGUF as tokenizer.model
         return out
     if model.is_dir():
         if not (model / "config.json").is_file():
@@ -68,6 +68,21 @@ def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
     if not model.exists():
         raise PrefixEdgeError(f"{model}: no such file or directory")
     raise PrefixEdgeError(f"{model}: expected an HF model dir or a .gguf file")
+
+
+def _faithful_tokenizer(tok, gguf_path: Path, out: Path):
+    """The GGUF source's tokenizer as written to `out` (tokenizer.json only: a slow tokenizer's
+    vocab file of a GGUF source is the whole model), rebuilt from the GGUF's own vocabulary where
+    transformers' conversion splits text otherwise than llama.cpp (export/gguf_tokenizer.py), and
+    read back from there."""
+    from transformers import AutoTokenizer
+
+    from .gguf_tokenizer import write_faithful
+
+    tok.save_pretrained(str(out), legacy_format=False)
+    if not write_faithful(out / "tokenizer.json", gguf_path):
+        return tok
+    return AutoTokenizer.from_pretrained(str(out))
 
 
 def _match_gguf_bos(tok, gguf_path: Path) -> int:

@@ -10,6 +10,7 @@ it again with llama.cpp's log on to say why (the engine keeps the log off).
 
     python -m prefix_edge.llamacpp.child quantize SRC DST FTYPE ALLOW_REQUANTIZE
     python -m prefix_edge.llamacpp.child load MODEL
+    python -m prefix_edge.llamacpp.child tokenize MODEL TEXTS.json IDS.json
 """
 
 from __future__ import annotations
@@ -34,6 +35,19 @@ def check_loads(path: Path, name: str) -> None:
     """Load the GGUF model at `path` in a child, make a small context and decode a token:
     whatever llama.cpp cannot do with this model is a PrefixEdgeError, never an abort here."""
     _run(["load", str(path)], f"loading {name}")
+
+
+def tokenize(path: Path, cases: list[tuple[str, bool, bool]], name: str) -> list[list[int]]:
+    """llama.cpp's own tokenizer of the GGUF at `path` (its vocabulary alone) over `cases`, each
+    (text, add_special, parse_special), in a child: a vocabulary llama.cpp aborts on is an error line."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="prefix-edge-tok-") as d:
+        src, dst = Path(d) / "texts.json", Path(d) / "ids.json"
+        src.write_text(json.dumps([list(c) for c in cases]), encoding="utf-8")
+        _run(["tokenize", str(path), str(src), str(dst)], f"tokenizing with {name}'s vocabulary")
+        return json.loads(dst.read_text(encoding="utf-8"))
 
 
 def load_failure(path: Path) -> str:
@@ -107,6 +121,16 @@ def _child(argv: list[str]) -> int:
     L, _ = _bindings()  # llama.cpp's own logging to stderr: the parent reads the reason there
     L.llama_backend_init()
     op = argv[0]
+    if op == "tokenize":
+        import json
+
+        from .vocab import Vocab
+
+        cases = json.loads(Path(argv[2]).read_text(encoding="utf-8"))
+        with Vocab(Path(argv[1])) as v:
+            out = [v.tokenize(text, bool(add), bool(parse)) for text, add, parse in cases]
+        Path(argv[3]).write_text(json.dumps(out), encoding="utf-8")
+        return 0
     if op == "quantize":
         src, dst, ftype, requant = argv[1], argv[2], int(argv[3]), bool(int(argv[4]))
         params = L.llama_model_quantize_default_params()
