@@ -34,6 +34,26 @@ _PRE_TOKENIZERS = {
 }
 
 
+def pre_tokenizer_spec(name: str) -> dict | None:
+    """tokenizer.json's pre_tokenizer for llama.cpp's BPE pre-tokenizer `name` (the inverse of
+    `_PRE_TOKENIZERS`), None for a name not mapped here."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True}
+    for signature, known in _PRE_TOKENIZERS.items():
+        if known != name:
+            continue
+        steps = []
+        for step in signature:
+            if step == "digits":
+                steps.append({"type": "Digits", "individual_digits": True})
+            elif step in ("bytelevel+regex", "bytelevel"):
+                steps.append({**byte_level, "use_regex": step == "bytelevel+regex"})
+            else:
+                steps.append({"type": "Split", "pattern": {"Regex": step[1]}, "behavior": "Isolated",
+                              "invert": False})
+        return steps[0] if len(steps) == 1 else {"type": "Sequence", "pretokenizers": steps}
+    return None
+
+
 def convert_hf_to_gguf(hf_dir: Path, out: Path, ftype: str = "f32", check: bool = True) -> None:
     """Write the model in `hf_dir` (config.json, model*.safetensors, the tokenizer files) to the
     GGUF file `out`, weights in `ftype` ("f32", or "f16": 2-D weights f16, norms f32). `check`:

@@ -13,7 +13,9 @@ A BPE model whose merges are every split of every piece into two pieces, ranked 
 piece's score, does the same (transformers builds a SentencePiece-BPE checkpoint's tokenizer.json
 this way too). Control tokens are special added tokens and user-defined ones (Gemma's newline
 runs) plain added tokens: llama.cpp splits the first out only when it parses specials, the second
-always. Export then holds the result to llama.cpp on a corpus (export/tokenizer_check.py).
+always. A BPE (`gpt2`) vocabulary keeps transformers' conversion but for its pre-tokenizer,
+written from the GGUF's `tokenizer.ggml.pre` where that name is one export/gguf.py maps.
+Export then holds the result to llama.cpp on a corpus (export/tokenizer_check.py).
 """
 
 from __future__ import annotations
@@ -98,13 +100,35 @@ def _merges(tokens, scores, vocab: dict[str, int]) -> list[list[str]]:
     return [[left, right] for _, _, _, left, right in ranked]
 
 
+def bpe_pre_tokenizer(pre: str) -> dict | None:
+    """The tokenizer.json pre_tokenizer that splits text as llama.cpp's BPE pre-tokenizer `pre`
+    (tokenizer.ggml.pre) does, for the names export/gguf.py maps (None for others: transformers'
+    own is kept, and checked). transformers' conversion gives every GPT-2-type vocabulary the
+    plain GPT-2 split: SmolLM2's ("smollm": every number character alone first) then read " ½"
+    as one piece where llama.cpp reads " " and "½"."""
+    from .gguf import pre_tokenizer_spec
+
+    return pre_tokenizer_spec(pre)
+
+
 def write_faithful(tokenizer_json: Path, gguf_path: Path) -> bool:
     """Rewrite `tokenizer_json` (transformers' conversion of `gguf_path`) from the GGUF's own
-    vocabulary where transformers' conversion is known to differ from llama.cpp's (SPM); True
-    when rewritten. Other vocabulary types are left as they are (and checked at export)."""
-    if gguf_vocab_model(gguf_path) != "llama":
-        return False
+    vocabulary where transformers' conversion is known to differ from llama.cpp's (an SPM
+    vocabulary; a BPE one's pre-tokenizer, for the names export/gguf.py knows); True when
+    rewritten. Anything else is left as it is (and checked at export)."""
+    import gguf
+
+    kind = gguf_vocab_model(gguf_path)
     base = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-    tokenizer_json.write_text(json.dumps(spm_tokenizer_json(gguf_path, base), ensure_ascii=False),
-                              encoding="utf-8")
+    if kind == "llama":
+        out = spm_tokenizer_json(gguf_path, base)
+    elif kind == "gpt2":
+        field = gguf.GGUFReader(str(gguf_path)).get_field("tokenizer.ggml.pre")
+        spec = bpe_pre_tokenizer(str(field.contents())) if field is not None else None
+        if spec is None or base.get("pre_tokenizer") == spec:
+            return False
+        out = {**base, "pre_tokenizer": spec}
+    else:
+        return False
+    tokenizer_json.write_text(json.dumps(out, ensure_ascii=False), encoding="utf-8")
     return True

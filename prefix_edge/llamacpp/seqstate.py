@@ -24,7 +24,9 @@ A K row is [n_kv_heads][head_dim] post-RoPE, in llama.cpp's rotation layout.
 A model with sliding-window layers (Gemma 3: llama.cpp's iSWA cache) writes two caches' parts
 after the one magic and seq_id, each laid out as above from n_stream on: the full-attention
 layers' cache (every cell), then the sliding-window layers' cache, which holds only the cells
-still inside the window (the last n_swa positions; llama.cpp leaves out masked cells). When
+still inside the window (the last n_swa positions; llama.cpp leaves out masked cells), in its
+ring's cell order: a prefix longer than that cache (window + a batch) wraps, so the positions
+run n-window+j .. n-1, then n-window .. n-window+j-1. When
 every layer slides (a small Gemma 3), the full-attention part holds the cells and no layer
 (n_layer 0).
 
@@ -252,7 +254,7 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
     swa = {"n_layer": layers in the sliding-window cache, "window": n_swa} (n_layer then counts
     the full-attention cache's), for a hybrid model recurrent = RecurrentInfo.facts() of its own
     state (seqstate_recurrent.check_recurrent). Positions must be 0..cell_count-1 (the sliding-window part:
-    the last min(cell_count, window) of them) and every cell must belong to exactly one
+    the last min(cell_count, window) of them, in order or rotated as a ring wraps) and every cell must belong to exactly one
     sequence, whatever `expected` holds."""
     def bad(what: str, got, want) -> PrefixEdgeError:
         return PrefixEdgeError(f"prefix KV state does not fit: {what} is {got}, expected {want}")
@@ -279,6 +281,12 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
         want_pos = np.arange(first, n, dtype=np.int32)
         if part.cell_count != want_pos.size:
             raise bad(f"{where}cell count", part.cell_count, want_pos.size)
+        if part is info.swa and part.cell_count and first <= part.positions[0] < n:
+            # the sliding-window cache is a ring: past its size (window + a batch) the newest
+            # cells wrap to its start, and llama.cpp writes them in cell order; a restore keeps
+            # that order, so the attention sums run as in the context that wrote it
+            j = int(part.positions[0]) - first
+            want_pos = np.concatenate([want_pos[j:], want_pos[:j]])
         if not np.array_equal(part.positions, want_pos):
             i = int(np.flatnonzero(part.positions != want_pos)[0])
             raise bad(f"{where}position of cell {i}", int(part.positions[i]), int(want_pos[i]))
