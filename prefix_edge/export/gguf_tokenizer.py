@@ -13,8 +13,10 @@ A BPE model whose merges are every split of every piece into two pieces, ranked 
 piece's score, does the same (transformers builds a SentencePiece-BPE checkpoint's tokenizer.json
 this way too). Control tokens are special added tokens and user-defined ones (Gemma's newline
 runs) plain added tokens: llama.cpp splits the first out only when it parses specials, the second
-always. A BPE (`gpt2`) vocabulary keeps transformers' conversion but for its pre-tokenizer,
-written from the GGUF's `tokenizer.ggml.pre` where that name is one export/gguf.py maps.
+always; which tokens are which is asked of llama.cpp (its attributes: it corrects a GGUF that
+types `<|im_end|>` NORMAL to CONTROL); BOS/EOS and the special tokens' names as the GGUF says.
+A BPE (`gpt2`) vocabulary keeps transformers' conversion but for its pre-tokenizer, written from
+the GGUF's `tokenizer.ggml.pre` where that name is one export/gguf.py maps.
 Export then holds the result to llama.cpp on a corpus (export/tokenizer_check.py).
 """
 
@@ -26,8 +28,6 @@ from pathlib import Path
 from ..errors import PrefixEdgeError
 
 SPACE = "\u2581"
-# llama.cpp's token types (tokenizer.ggml.token_type)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
 def gguf_vocab_model(path: Path) -> str:
@@ -39,10 +39,28 @@ def gguf_vocab_model(path: Path) -> str:
     return str(field.contents()) if field is not None else ""
 
 
-def spm_tokenizer_json(path: Path, base: dict) -> dict:
-    """tokenizer.json for the SPM vocabulary of the GGUF at `path`; `base` (transformers'
-    conversion, a dict) gives the post-processor (BOS/EOS as the GGUF says) and nothing else."""
+def special_tokens(path: Path) -> dict[str, str]:
+    """The GGUF's bos/eos/unk/pad tokens ({"bos_token": "<s>", ...}), as llama.cpp reads them."""
     import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    field = reader.get_field("tokenizer.ggml.tokens")
+    tokens = field.contents() if field is not None else []
+    out = {}
+    for key in ("bos", "eos", "unknown", "padding"):
+        f = reader.get_field(f"tokenizer.ggml.{key}_token_id")
+        i = int(f.contents()) if f is not None else -1
+        if 0 <= i < len(tokens):
+            out[{"unknown": "unk", "padding": "pad"}.get(key, key) + "_token"] = tokens[i]
+    return out
+
+
+def spm_tokenizer_json(path: Path) -> dict:
+    """tokenizer.json for the SPM vocabulary of the GGUF at `path` (BOS/EOS added as it says)."""
+    import gguf
+
+    from ..llamacpp.child import tokenize
+    from ..llamacpp.vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, ATTR_USER_DEFINED
 
     reader = gguf.GGUFReader(str(path))
 
@@ -52,37 +70,59 @@ def spm_tokenizer_json(path: Path, base: dict) -> dict:
 
     tokens = field("tokenizer.ggml.tokens")
     scores = field("tokenizer.ggml.scores")
-    types = field("tokenizer.ggml.token_type")
-    if not tokens or scores is None or types is None or not len(tokens) == len(scores) == len(types):
-        raise PrefixEdgeError(f"{path.name}: its SentencePiece vocabulary lacks tokens, scores or "
-                              "token types, which llama.cpp's tokenizer needs")
-    space_prefix = bool(field("tokenizer.ggml.add_space_prefix", True))
-    unk = field("tokenizer.ggml.unknown_token_id")
+    if not tokens or scores is None or len(tokens) != len(scores):
+        raise PrefixEdgeError(f"{path.name}: its SentencePiece vocabulary lacks tokens or scores, "
+                              "which llama.cpp's tokenizer needs")
+    # the tokens llama.cpp splits out of a text before its SPM merges, by the attributes it
+    # gives them (the GGUF's types after its corrections: a NORMAL `<|im_end|>` is CONTROL)
+    _, attrs = tokenize(path, [], path.name)
+    if len(attrs) != len(tokens):
+        raise PrefixEdgeError(f"{path.name}: llama.cpp reads {len(attrs)} tokens, its vocabulary lists {len(tokens)}")
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)  # a duplicate piece: llama.cpp's token_to_id keeps the first
-    merges = _merges(tokens, scores, vocab)
-    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": types[i] == CONTROL}
-             for i, t in enumerate(tokens) if types[i] in (CONTROL, USER_DEFINED) and t]
+    split_out = ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": bool(attrs[i] & ATTR_LSTRIP),
+              "rstrip": bool(attrs[i] & ATTR_RSTRIP), "normalized": False,
+              "special": not attrs[i] & ATTR_USER_DEFINED}
+             for i, t in enumerate(tokens) if attrs[i] & split_out and t]
+    space_prefix = bool(field("tokenizer.ggml.add_space_prefix", True))
     normalizer = [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
-    if space_prefix:
-        normalizer.insert(0, {"type": "Prepend", "prepend": SPACE})
     decoders = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
                 {"type": "ByteFallback"}, {"type": "Fuse"}]
     if space_prefix:
+        normalizer.insert(0, {"type": "Prepend", "prepend": SPACE})
         decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
-    out = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-           "normalizer": {"type": "Sequence", "normalizers": normalizer},
-           "pre_tokenizer": None,
-           "post_processor": base.get("post_processor"),
-           "decoder": {"type": "Sequence", "decoders": decoders},
-           "model": {"type": "BPE", "dropout": None,
-                     "unk_token": tokens[unk] if unk is not None and 0 <= unk < len(tokens) else None,
-                     "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                     "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                     "vocab": vocab, "merges": merges}}
-    return out
+    unk = field("tokenizer.ggml.unknown_token_id")
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": normalizer},
+            "pre_tokenizer": None,
+            "post_processor": _post_processor(field, tokens),
+            "decoder": {"type": "Sequence", "decoders": decoders},
+            "model": {"type": "BPE", "dropout": None,
+                      "unk_token": tokens[unk] if unk is not None and 0 <= unk < len(tokens) else None,
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": _merges(tokens, scores, vocab)}}
+
+
+def _post_processor(field, tokens) -> dict | None:
+    """BOS (and EOS) around a text where the GGUF says llama.cpp adds them (llama.cpp's default
+    for SPM: a BOS and no EOS)."""
+    ends = []
+    for key, default in (("bos", True), ("eos", False)):
+        i = field(f"tokenizer.ggml.{key}_token_id")
+        if bool(field(f"tokenizer.ggml.add_{key}_token", default)) and i is not None and 0 <= i < len(tokens):
+            ends.append((key, tokens[i], int(i)))
+    if not ends:
+        return None
+    first = [{"SpecialToken": {"id": t, "type_id": 0}} for key, t, _ in ends if key == "bos"]
+    last = [{"SpecialToken": {"id": t, "type_id": 0}} for key, t, _ in ends if key == "eos"]
+    single = first + [{"Sequence": {"id": "A", "type_id": 0}}] + last
+    pair = single + [{"SpecialToken": {"id": t, "type_id": 1}} for key, t, _ in ends if key == "bos"] + \
+        [{"Sequence": {"id": "B", "type_id": 1}}] + [{"SpecialToken": {"id": t, "type_id": 1}} for key, t, _ in ends if key == "eos"]
+    return {"type": "TemplateProcessing", "single": single, "pair": pair,
+            "special_tokens": {t: {"id": t, "ids": [i], "tokens": [t]} for _, t, i in ends}}
 
 
 def _merges(tokens, scores, vocab: dict[str, int]) -> list[list[str]]:
@@ -111,24 +151,44 @@ def bpe_pre_tokenizer(pre: str) -> dict | None:
     return pre_tokenizer_spec(pre)
 
 
-def write_faithful(tokenizer_json: Path, gguf_path: Path) -> bool:
-    """Rewrite `tokenizer_json` (transformers' conversion of `gguf_path`) from the GGUF's own
-    vocabulary where transformers' conversion is known to differ from llama.cpp's (an SPM
-    vocabulary; a BPE one's pre-tokenizer, for the names export/gguf.py knows); True when
-    rewritten. Anything else is left as it is (and checked at export)."""
+def write_faithful(out: Path, gguf_path: Path) -> bool:
+    """Rewrite the tokenizer saved in `out` (transformers' conversion of `gguf_path`) from the
+    GGUF's own vocabulary where transformers' conversion is known to differ from llama.cpp's (an
+    SPM vocabulary, and its special tokens; a BPE one's pre-tokenizer, for the names
+    export/gguf.py knows); True when rewritten. Anything else is left as it is (and checked at
+    export)."""
     import gguf
 
     kind = gguf_vocab_model(gguf_path)
-    base = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    path = out / "tokenizer.json"
+    base = json.loads(path.read_text(encoding="utf-8"))
     if kind == "llama":
-        out = spm_tokenizer_json(gguf_path, base)
+        spec = spm_tokenizer_json(gguf_path)
+        _configure(out, special_tokens(gguf_path))
     elif kind == "gpt2":
         field = gguf.GGUFReader(str(gguf_path)).get_field("tokenizer.ggml.pre")
-        spec = bpe_pre_tokenizer(str(field.contents())) if field is not None else None
-        if spec is None or base.get("pre_tokenizer") == spec:
+        pre = bpe_pre_tokenizer(str(field.contents())) if field is not None else None
+        if pre is None or base.get("pre_tokenizer") == pre:
             return False
-        out = {**base, "pre_tokenizer": spec}
+        spec = {**base, "pre_tokenizer": pre}
     else:
         return False
-    tokenizer_json.write_text(json.dumps(out, ensure_ascii=False), encoding="utf-8")
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     return True
+
+
+def _configure(out: Path, specials: dict[str, str]) -> None:
+    """tokenizer_config.json and special_tokens_map.json name the GGUF's special tokens (not the
+    ones transformers' converter assumes for the architecture: Gemma's `<bos>` where a GGUF has
+    `<s>`), and list no added tokens of their own (tokenizer.json's are the GGUF's)."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        p = out / name
+        cfg = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        cfg.pop("added_tokens_decoder", None)
+        cfg.pop("additional_special_tokens", None)
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            if key in specials:
+                cfg[key] = specials[key]
+            else:
+                cfg.pop(key, None)
+        p.write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")

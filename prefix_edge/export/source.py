@@ -80,7 +80,7 @@ def _faithful_tokenizer(tok, gguf_path: Path, out: Path):
     from .gguf_tokenizer import write_faithful
 
     tok.save_pretrained(str(out), legacy_format=False)
-    if not write_faithful(out / "tokenizer.json", gguf_path):
+    if not write_faithful(out, gguf_path):
         return tok
     return AutoTokenizer.from_pretrained(str(out))
 

@@ -54,14 +54,21 @@ def check_against_llama(tokenizer, gguf_path: Path, prefixes: dict[str, str], na
     texts = [("corpus", t) for t in CORPUS] + [(f"task '{k}' prefix", v) for k, v in prefixes.items() if v]
     as_text = Tokenizer.from_str(tokenizer.to_str())
     as_text.encode_special_tokens = True
+    def ids(tok, label: str, text: str, add: bool) -> list[int]:
+        try:
+            return tok.encode(text, add_special_tokens=add).ids
+        except Exception as e:  # e.g. a Unigram over SPM scores: "unknown token but unk_id is missing"
+            raise PrefixEdgeError(f"tokenizer: the bundle's tokenizer cannot tokenize {label} "
+                                  f"{text[:40]!r} ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}); "
+                                  "no bundle is written") from None
+
     # (label, text, add_special, parse_special, our ids)
-    cases = [(label, t, False, True, tokenizer.encode(t, add_special_tokens=False).ids) for label, t in texts]
-    cases += [(f"{label} (special tokens as text)", t, False, False,
-               as_text.encode(t, add_special_tokens=False).ids)
+    cases = [(label, t, False, True, ids(tokenizer, label, t, False)) for label, t in texts]
+    cases += [(f"{label} (special tokens as text)", t, False, False, ids(as_text, label, t, False))
               for label, t in [*texts[:4], *(("special tokens", s) for s in spelled)]]
-    cases += [(f"{label} (with BOS/EOS)", t, True, True, tokenizer.encode(t, add_special_tokens=True).ids)
+    cases += [(f"{label} (with BOS/EOS)", t, True, True, ids(tokenizer, label, t, True))
               for label, t in texts[:2]]
-    theirs = tokenize(gguf_path, [(t, add, parse) for _, t, add, parse, _ in cases], name)
+    theirs, _ = tokenize(gguf_path, [(t, add, parse) for _, t, add, parse, _ in cases], name)
     for (label, text, _, _, ours), ref in zip(cases, theirs):
         if ours != ref:
             k = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))

@@ -42,6 +42,12 @@ class Vocab:
             cap = -n
         raise PrefixEdgeError(f"llama.cpp could not tokenize a text of {len(data)} bytes")
 
+    def attrs(self) -> list[int]:
+        """Every token's LLAMA_TOKEN_ATTR_* bits, as llama.cpp reads them: the GGUF's token types
+        after llama.cpp's own corrections (an end-of-turn-looking NORMAL token becomes CONTROL)."""
+        get = self._L.llama_vocab_get_attr
+        return [int(get(self._vocab, i)) for i in range(self.n_vocab)]
+
     def piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)
         n = self._L.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)
@@ -60,3 +66,5 @@ class Vocab:
 
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+# LLAMA_TOKEN_ATTR_* bits
+ATTR_UNKNOWN, ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_LSTRIP, ATTR_RSTRIP = 1, 8, 16, 128, 256
