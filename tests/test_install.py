@@ -197,3 +197,26 @@ def test_runtime_only_install_runs_bundles_like_the_full_install(wheel, bundle_i
                         "--data", str(data), "--backend", "onnx", "--reference", "--base", str(tmp_path)],
                        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert q.returncode == 1 and "needs the export extra" in q.stderr and "Traceback" not in q.stderr, q.stderr
+
+
+@pytest.mark.unit
+def test_a_missing_system_library_is_named_with_its_package():
+    """The dynamic loader's own message (a library llama.cpp links, absent from the image: the
+    portable build's libgomp on a minimal arm64 root), as llama-cpp-python wraps it."""
+    import ctypes
+
+    from prefix_edge.llamacpp.probe import missing_library
+
+    try:
+        ctypes.CDLL("libgomp.so.1.prefix-edge-missing")
+    except OSError as e:
+        loader = str(e)
+    else:  # pragma: no cover
+        pytest.skip("the loader found a library that cannot exist")
+    wrapped = loader.replace("libgomp.so.1.prefix-edge-missing", "libgomp.so.1")
+    log = ("Traceback (most recent call last):\n  ...\nRuntimeError: Failed to load shared library "
+           f"'/venv/lib/python3.11/site-packages/llama_cpp/lib/libllama.so': {wrapped}")
+    line = missing_library(log)
+    assert line.startswith("a system library llama.cpp needs is missing: libgomp.so.1"), line
+    assert "apt-get install libgomp1" in line
+    assert missing_library("RuntimeError: something else") == ""

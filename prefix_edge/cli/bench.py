@@ -37,10 +37,11 @@ def bench(
     concurrency: bool = typer.Option(False, "--concurrency", help="Instead: many requests at once (throughput at 1/4/8, memory per request, task switch, TTFT p50/p99, cancel latency)."),
     speculative: bool = typer.Option(False, "--speculative", help="Instead: speculative='lookup' vs 'off' per task (tokens per forward, decode tok/s, answers equal, JSON valid); --runs inputs per task; with --peers, llama.cpp's own lookup decoding."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", help="With --speculative: a JSONL file of {\"task\", \"input\"} lines (default: the demo tasks' held-out sets)."),
+    contention: bool = typer.Option(False, "--contention", help="Instead: TTFT and decode idle, beside a busy loop, beside another app of each engine, for threads auto / fixed / 1 (docs/contention.md)."),
 ) -> None:
     """Measure TTFT (prefilled vs restored), task switch, decode speed vs peers, cold start, RSS;
     or, with --concurrency, the engine under many requests at once; or, with --speculative,
-    drafted decoding against plain decoding."""
+    drafted decoding against plain decoding; or, with --contention, beside other work on the CPUs."""
     from ..bench.measure import run_bench
     from ..bundle import Bundle
     from ..errors import PrefixEdgeError
@@ -63,6 +64,14 @@ def bench(
         report = run_speculative(root, names, threads, runs, given=given, peers=peers,
                                  log=lambda m: typer.echo(m, err=True))
         typer.echo("\n".join(table(report)))
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+        return
+    if contention:
+        from ..bench.contention import run_all as run_contention, table as contention_table
+
+        report = run_contention(root, names, threads, runs=runs, log=lambda m: typer.echo(m, err=True))
+        typer.echo("\n".join(contention_table(report)))
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
         return

@@ -63,6 +63,24 @@ def _onnx_status() -> tuple[bool, str, list[str]]:
         return False, f"onnxruntime does not import: {str(e).splitlines()[0]}", []
 
 
+def _cpu_share() -> dict:
+    """What threads="auto" would run now: the CPUs others keep busy, read over half a second."""
+    import os
+    import time
+
+    from ..runtime.engines.cpu_share import INTERVAL, cpu_share
+
+    share = cpu_share()
+    share.describe()  # the first reading; the second, an interval later, measures
+    time.sleep(INTERVAL + 0.05)
+    out = share.describe()
+    try:
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        out["load_average"] = None
+    return out
+
+
 @app.command()
 def doctor(
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="Probe llama.cpp with this bundle's GGUF model."),
@@ -91,6 +109,7 @@ def doctor(
         "cpu_features_source": cpu.source,
         "unreadable": list(cpu.unread),
         "threads": vars(budget()),
+        "cpu_share": _cpu_share(),
         "packages": {d: _version(d) for d in ("numpy", "onnxruntime", "onnxruntime-gpu", "tokenizers",
                                                "llama-cpp-python", "torch", "transformers")},
         "backends": {
@@ -111,6 +130,10 @@ def doctor(
         for what in cpu.unread:
             typer.echo(f"     could not read {what}")
         typer.echo("engine threads by default: " + budget().describe())
+        share = report["cpu_share"]
+        typer.echo(f"     threads auto now: {share['threads_now']} (other processes keep "
+                   f"{share['others_busy_cpus']:g} of {share['allowed_cpus']} CPUs busy, from {share['source']}; "
+                   f"load average {share['load_average']})")
         typer.echo("packages: " + "  ".join(f"{k} {v_}" for k, v_ in report["packages"].items()
                                              if v_ != "not installed"))
         for name, b in report["backends"].items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,32 @@ def library_key(files: list[Path]) -> str:
     return h.hexdigest()
 
 
+# system libraries llama.cpp's native code needs at run time, and the package that provides them
+_PROVIDERS = {
+    "libgomp.so.1": "libgomp1 (Debian/Ubuntu: apt-get install libgomp1; Alpine: apk add libgomp; "
+                    "Fedora: dnf install libgomp)",
+    "libstdc++.so.6": "libstdc++6 (Debian/Ubuntu: apt-get install libstdc++6; Alpine: apk add libstdc++)",
+    "libgcc_s.so.1": "libgcc-s1 (Debian/Ubuntu: apt-get install libgcc-s1; Alpine: apk add libgcc)",
+    "libcuda.so.1": "the NVIDIA driver",
+    "libcudart.so.12": "the CUDA runtime (nvidia-cuda-runtime-cu12, or the CUDA toolkit)",
+    "libcublas.so.12": "cuBLAS (nvidia-cublas-cu12, or the CUDA toolkit)",
+}
+_MISSING = re.compile(r"([\w.+-]+\.(?:so(?:\.\d+)*|dylib)): cannot open shared object file|"
+                      r"Library not loaded: \S*?([\w.+-]+\.dylib)")
+
+
+def missing_library(log: str) -> str:
+    """"a system library is missing: NAME (install PACKAGE)" when the dynamic loader said so in
+    `log` (ctypes' OSError inside llama-cpp-python's RuntimeError), else ""."""
+    m = _MISSING.search(log)
+    if not m:
+        return ""
+    name = m.group(1) or m.group(2)
+    where = _PROVIDERS.get(name)
+    return (f"a system library llama.cpp needs is missing: {name}"
+            + (f" (install {where})" if where else " (install the package that provides it)"))
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -139,6 +166,9 @@ def run_probe(model_path: Path | None, key: str) -> Verdict:
     if p.returncode != 0:
         err = next((ln for ln in lines if ln.startswith("ERROR ")), "")
         last = err[6:] if err else ((p.stderr.strip().splitlines() or ["no output"])[-1])
+        missing = missing_library(p.stdout + "\n" + p.stderr)
+        if missing:
+            last = missing
         return Verdict(False, f"llama.cpp probe failed (exit {p.returncode}): {last}", key,
                        version, info, False, now)
     return Verdict(True, "decoded a test model" if decoded else "imported (no model to decode)",

@@ -28,8 +28,11 @@ def open_backend(name: str, model_path: Path, device: str = "cpu", threads: int 
                  n_ctx: int = 2048, **engine) -> Engine:
     """An engine on a model file, outside a bundle's runtime (export's baking and fidelity
     probes, bench, tests). threads: None means the physical cores this process may use
-    (runtime/engines/cpus.py), never the engine's own default."""
+    (runtime/engines/cpus.py), never the engine's own default, each forward running as many of
+    them as are free (cpu_share.py); a number is a fixed count."""
     from .cpus import default_threads
 
+    if threads is None:  # the default: adapted to what the CPUs have free
+        engine.setdefault("adaptive", True)
     return engine_class(name)(model_path, device=device, threads=threads or default_threads(),
                               n_ctx=n_ctx, **engine)

@@ -75,7 +75,7 @@ class LlamaPooled:
                 k += 1
         b.n_tokens = k
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        rc = L.llama_decode(ctx, b)
+        rc = be.decode(ctx, b)
         if rc != 0:
             raise PrefixEdgeError(f"llama_decode of an embeddings batch failed (code {rc})")
         out = []

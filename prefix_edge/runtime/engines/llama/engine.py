@@ -43,8 +43,11 @@ class LlamaBackend(PrefixFiles, OneSequence):
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
                  n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
-                 max_ctx_seq: int | None = None):
+                 max_ctx_seq: int | None = None, adaptive: bool = False):
         L = self._L = load_llama_cpp()
+        # adaptive: `threads` is the most a forward runs; each one runs what the CPUs have free
+        # then (cpu_share.py), so the engine never collapses beside another busy process
+        self.adaptive = bool(adaptive) and device == "cpu"
         self.model = self.ctx = self.batch = None
         if kv_type not in KV_TYPES:
             raise PrefixEdgeError(f"unknown KV cache type {kv_type!r}; choose one of: {', '.join(KV_TYPES)}")
@@ -178,7 +181,8 @@ class LlamaBackend(PrefixFiles, OneSequence):
         else:  # a stream per slot, from what the prefixes need, grown up to ctx cells as used
             start = min(ctx, max(cls.STREAM_START, -(-(cfg.longest_prefix + cls.REQUEST_CELLS) // 256) * 256))
             kv_cells, n_seq, grow_to = slots * start, slots, ctx
-        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=kv_cells,
+        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(),
+                 adaptive=cfg.threads is None, n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
                  max_ctx_seq=grow_to, **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
@@ -289,6 +293,19 @@ class LlamaBackend(PrefixFiles, OneSequence):
             raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return blob
 
+    def decode(self, ctx, batch) -> int:
+        """llama_decode on `ctx` (this engine's or its embedder's), adaptive: with the threads
+        the CPUs have free now (thread counts change no result: ggml splits a node's rows
+        between threads, never a sum)."""
+        L = self._L
+        if not self.adaptive:
+            return L.llama_decode(ctx, batch)
+        from ..cpu_share import cpu_share
+
+        with cpu_share().lease(self.threads) as n:
+            L.llama_set_n_threads(ctx, n, n)  # a setter of the context's params: free
+            return L.llama_decode(ctx, batch)
+
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
             self._copied.pop(seq, None)
@@ -327,7 +344,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
             b.logits[k - 1] = 1
             last.append((k - 1, n_rows))
         b.n_tokens = k
-        rc = L.llama_decode(self.ctx, b)
+        rc = self.decode(self.ctx, b)
         self._copied.clear()  # a decode carries out every pending copy
         if rc != 0:
             for seq, pos, *_ in items:  # drop whatever part of this batch was stored
@@ -391,7 +408,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
                     b.logits[i] = 0
                 b.logits[n - 1] = 1 if start + n == n_all else 0
                 b.n_tokens = n
-                rc = L.llama_decode(self.ctx, b)
+                rc = self.decode(self.ctx, b)
             finally:
                 L.llama_batch_free(b)
             if rc != 0:

@@ -48,7 +48,12 @@ class OnnxHidden:
         n = ids.shape[1]
         if self.buf is None or self.buf.capacity < n:
             self.buf = KvBuffer(len(be.past_names), be.n_kv_heads, be.head_dim, be.kv_dtype, round_up(n))
-        b = be.session.io_binding()
+        with be.running() as session:
+            return self._hidden(session, ids, n)
+
+    def _hidden(self, session, ids: np.ndarray, n: int) -> np.ndarray:
+        be = self.be
+        b = session.io_binding()
         b.bind_output(HIDDEN_STATES, "cpu")  # first: get_outputs() is in binding order
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("seqlens_k", np.array([n - 1], np.int32))
@@ -60,7 +65,7 @@ class OnnxHidden:
             b.bind_cpu_input(name, np.zeros(shape, np.float32))  # the states before any token
             b.bind_output(out, "cpu")
         try:
-            be.session.run_with_iobinding(b)
+            session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         return np.array(b.get_outputs()[0].numpy()[0], dtype=np.float32)

@@ -67,12 +67,13 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         fit_prefix(cfg.longest_prefix, ctx)
         rel = str(model.relative_to(bundle.root))
         be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=ctx,
-                 verify=cfg.verify, model_sha256=model_hashes[rel])
+                 verify=cfg.verify, model_sha256=model_hashes[rel], adaptive=cfg.threads is None)
         be.rope_layout = hf_rope_layout(bundle.manifest.model)
         return Opened(be, ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
-                 n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None):
+                 n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None,
+                 adaptive: bool = False):
         if device == "auto":
             device = "cuda" if "cuda" in available_devices() else "cpu"
         if device == "cuda" and "cuda" not in available_devices():
@@ -84,6 +85,14 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
         self.session, self.session_source = self._session(Path(model_path), device, threads, verify,
                                                           model_sha256)
+        # adaptive (threads "auto"): while the CPUs are contended (cpu_share.py), forwards run on
+        # a lean session of the same model, made the first time: as many threads as were free
+        # then, none spinning (ORT's pool spins at every op's barrier: beside a busy loop the
+        # full session decoded 34 tok/s, one thread 69; spinning off costs 30% when idle, so
+        # the full session keeps it). Thread counts change no logit (tests/test_cpu_share.py).
+        self.adaptive = bool(adaptive) and device == "cpu" and bool(threads) and threads > 1
+        self._model_args = (Path(model_path), device, verify, model_sha256)
+        self._lean = None  # (session, threads)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
                                  key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
@@ -132,7 +141,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
 
     @staticmethod
     def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached",
-                 model_sha256: str | None = None):
+                 model_sha256: str | None = None, spin: bool = True):
         """An InferenceSession of the model and where it came from: "cache" / "saved" (this
         machine's saved optimized, prepacked form of it: runtime/engines/onnx/ort_cache.py) or "model" (built
         from the model; GPU, cache off or unusable). `model_sha256`: the model file's hash when
@@ -149,6 +158,9 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             if threads:
                 opts.intra_op_num_threads = threads
                 opts.inter_op_num_threads = 1
+            if not spin:  # the lean session: its pool's threads sleep at a barrier, never spin
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
             return opts
 
         providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
@@ -391,7 +403,11 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             raise PrefixEdgeError(f"context full: {pos} + {n} tokens exceed n_ctx={self.n_ctx}")
         if self.fused:
             return self._run_fused(past, pos, ids, rows, seq)
-        b = self.session.io_binding()
+        with self.running() as session:
+            return self._run_past(session, past, pos, ids, rows, n)
+
+    def _run_past(self, session, past, pos: int, ids: np.ndarray, rows: int, n: int):
+        b = session.io_binding()
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("attention_mask", np.ones((1, pos + n), np.int64))
         if self.has_position_ids:
@@ -405,7 +421,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         for name in self.present_names:
             b.bind_output(name, self._kv_device)
         try:
-            self.session.run_with_iobinding(b)
+            session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         out = b.get_outputs()
@@ -418,7 +434,11 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             buf = old.resized(pos, self._buffer(min(self.n_ctx, round_up(max(pos + n + GROW_MIN,
                                                                           old.capacity * 3 // 2)))))
             self._recycle(old)
-        b = self.session.io_binding()
+        with self.running() as session:
+            return self._run_buffer(session, buf, pos, ids, rows, seq, n)
+
+    def _run_buffer(self, session, buf: "KvBuffer", pos: int, ids: np.ndarray, rows: int, seq, n: int):
+        b = session.io_binding()
         b.bind_output("logits", "cpu")
         b.bind_cpu_input("input_ids", ids)
         b.bind_cpu_input("seqlens_k", np.array([pos + n - 1], np.int32))
@@ -431,7 +451,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             b.bind_cpu_input(name, value)
             b.bind_output(out, "cpu")  # a new array: the graph reads the old one to make it
         try:
-            self.session.run_with_iobinding(b)
+            session.run_with_iobinding(b)
         except Exception as e:  # ORT raises its own types; give one line
             raise PrefixEdgeError(f"ONNX Runtime failed: {str(e).splitlines()[0]}") from None
         out = b.get_outputs()
@@ -439,7 +459,35 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             self.rec[seq] = [np.array(v.numpy(), np.float32) for v in out[len(out) - len(states):]]
         return np.array(out[0].numpy()[0, -rows:], dtype=np.float32), buf
 
+    def running(self):
+        """The session a forward runs on now, held (a context manager): the full one, or,
+        adaptive and contended, the lean one."""
+        from contextlib import contextmanager
+
+        @contextmanager
+        def held():
+            if not self.adaptive or self.session is None:
+                yield self.session
+                return
+            from ..cpu_share import cpu_share
+
+            with cpu_share().lease(self.threads) as n:
+                yield self.session if n >= self.threads else self._lean_session(n)
+        return held()
+
+    def _lean_session(self, n: int):
+        if self._lean is None:
+            path, device, verify, sha = self._model_args
+            self._lean = (self._session(path, device, n, verify, sha, spin=False)[0], n)
+        return self._lean[0]
+
+    @property
+    def lean_threads(self) -> int | None:
+        """The lean session's threads once made (None: not made)."""
+        return self._lean[1] if self._lean is not None else None
+
     def close(self) -> None:
+        self._lean = None
         self.session = None
         self.seqs = {}
         self.rec = {}
