@@ -142,3 +142,34 @@ def test_default_models_bpe_tokenizer_is_llama_cpps(tmp_path):
         assert vocab.kind == 2  # LLAMA_VOCAB_TYPE_BPE
         pieces = [vocab.piece(i).decode("utf-8", "replace") for i in range(0, 2000, 7)]
         assert _differences(ours, vocab, _texts(1, 300, pieces)) == []
+
+
+def test_gguf_only_export_reads_no_transformers_and_equals_the_full_path(spm, tmp_path):
+    """`--format gguf` of a .gguf source is read and baked without transformers or torch in the
+    process (gguf_source.py); its bundle answers as the one made through transformers (ONNX and
+    GGUF, the model de-quantized) does on llama.cpp, with the same tokenizer ids and EOS."""
+    import subprocess
+    import sys
+
+    from prefix_edge.export.build import export_bundle
+
+    root, gguf, direct = spm
+    code = ("import sys; from pathlib import Path; from prefix_edge.export.build import export_bundle; "
+            f"export_bundle(Path({str(gguf)!r}), Path({str(root / 'tasks.toml')!r}), Path({str(tmp_path / 'b')!r}), "
+            "formats=('gguf',), progress=False); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]", p.stdout
+    assert direct.model.model_type == "gguf:gemma3" and "fidelity" not in direct.extra
+    full = export_bundle(gguf, root / "tasks.toml", tmp_path / "full", formats=("onnx", "gguf"),
+                         quantize="none", progress=False)
+    assert full.model.model_type == "gemma3_text"
+    for key in ("n_layers", "n_kv_heads", "head_dim", "vocab_size"):
+        assert getattr(direct.model, key) == getattr(full.model, key), key
+    assert set(full.model.eos_token_ids) <= set(direct.model.eos_token_ids)
+    assert direct.tasks["raw"].prefix_tokens == full.tasks["raw"].prefix_tokens
+    with Runtime.open(root / "bundle", backend="gguf") as a, Runtime.open(tmp_path / "full", backend="gguf") as b:
+        for text in ("a brown fox", "日本", "Le renard"):
+            assert list(a.encode_input("raw", text)) == list(b.encode_input("raw", text))
+            assert a.generate("raw", text).tokens == b.generate("raw", text).tokens, text

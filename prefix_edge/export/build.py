@@ -183,7 +183,6 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
            st: Stages, optional_gguf: bool = False, prefix_store: str = "f32",
            onnx_builder: str = "own", gguf_kv: str = "f16", compress=None) -> Manifest:
     from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
 
     from ..runtime.constraint import check_task_defaults
     from ..runtime.engines import open_backend
@@ -191,29 +190,43 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
 
+    from .gguf_source import adopt_engine_shape, read_gguf_source, takes_direct_path
+
     work = root / "_work"
     work.mkdir()
-    with st.stage(f"load {model.name}"), _one_line(f"{model}: cannot load the model or its tokenizer"):
-        hf_dir = prepare_hf_dir(model, work, before_model=lambda t, n_ctx: _check_tasks(specs, t, n_ctx))
-        tok = AutoTokenizer.from_pretrained(str(hf_dir))
-        if not tok.is_fast:
-            raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
-        # tokenizer.json only: a slow tokenizer's vocab file of a GGUF source is the whole model
-        tok.save_pretrained(str(root / layout.TOKENIZER_DIR), legacy_format=False)
-        info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
-    chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
-        (tok.chat_template or {}).get("default")
-    special = template_specials(tok)
+    # a .gguf source for llama.cpp alone: read and baked without transformers (gguf_source.py)
+    direct = takes_direct_path(model, formats, specs, compress)
+    hf_dir = tok = None
+    if direct:
+        with st.stage(f"read {model.name} (metadata, vocabulary)"), \
+                _one_line(f"{model}: cannot read the GGUF's metadata or vocabulary"):
+            src = read_gguf_source(model, root / layout.TOKENIZER_DIR)
+        info, chat_template, special = src.info, src.chat_template, src.special
+    else:
+        from transformers import AutoTokenizer
+
+        with st.stage(f"load {model.name}"), _one_line(f"{model}: cannot load the model or its tokenizer"):
+            hf_dir = prepare_hf_dir(model, work, before_model=lambda t, n_ctx: _check_tasks(specs, t, n_ctx))
+            tok = AutoTokenizer.from_pretrained(str(hf_dir))
+            if not tok.is_fast:
+                raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
+            # tokenizer.json only: a slow tokenizer's vocab file of a GGUF source is the whole model
+            tok.save_pretrained(str(root / layout.TOKENIZER_DIR), legacy_format=False)
+            info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
+        chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
+            (tok.chat_template or {}).get("default")
+        special = template_specials(tok)
     check_template(chat_template, special)  # written into the bundle: refused now if over budget
     rendered = {s.name: render_task(s, chat_template, special) for s in specs}
     rt_tok = Tokenizer.from_file(str(root / layout.TOKENIZER))
     # a task default that would fail every run (a constraint, a logit_bias id): refused now
     check_task_defaults(specs, rt_tok, info.vocab_size, info.eos_token_ids)
     adapters = {s.name: read_adapter(s) for s in specs if s.kind == "peft"}  # fail fast
-    base_names = [model.name, str(model), _config_name(hf_dir)]
-    config = json.loads((hf_dir / "config.json").read_text())
-    for a in adapters.values():
-        check_adapter(a, info, base_names, st.warn, config)
+    if adapters:  # (none on the direct path)
+        base_names = [model.name, str(model), _config_name(hf_dir)]
+        config = json.loads((hf_dir / "config.json").read_text())
+        for a in adapters.values():
+            check_adapter(a, info, base_names, st.warn, config)
     ids = {name: prefix_ids(rt_tok, r, name, info.n_ctx,
                             adapters[name].n_virtual if name in adapters else 0)
            for name, r in rendered.items()}
@@ -243,9 +256,11 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from .fidelity import probe_ids, reference
 
     text_ids = [list(v)[-256:] for k, v in ids.items() if len(v) and k not in adapters][:1]
-    probes = probe_ids(rt_tok, text_ids)
-    with st.stage("fidelity reference (transformers fp32)"):
-        ref = reference(hf_dir, probes)
+    probes, ref = [], None  # direct: the deployed model is the source itself
+    if not direct:
+        probes = probe_ids(rt_tok, text_ids)
+        with st.stage("fidelity reference (transformers fp32)"):
+            ref = reference(hf_dir, probes)
     shutil.rmtree(work)
     for name, b in backends.items():
         b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / layout.model_dir(name)).iterdir())])
@@ -289,15 +304,18 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
                               **({"kv_type": gguf_kv} if name == "gguf" else
                                  {"model_sha256": backends[name].files[model_file]}))
             try:
+                if direct:
+                    adopt_engine_shape(manifest.model, be)
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
                              store=prefix_store if name == "onnx" else None, compression=compression)
-                result = measure(be, probes, ref)
+                result = measure(be, probes, ref) if ref is not None else None
             finally:
                 be.close()
-        manifest.extra.setdefault("fidelity", {})[name] = result
-        problem = verdict(name, result)
-        if problem:
-            st.warn(problem)
+        if result is not None:
+            manifest.extra.setdefault("fidelity", {})[name] = result
+            problem = verdict(name, result)
+            if problem:
+                st.warn(problem)
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
@@ -445,9 +463,11 @@ def _gguf_model(model: Path, hf_dir: Path, dst: Path, quant: str | None, work: P
     dst.parent.mkdir(parents=True, exist_ok=True)
     if model.suffix == ".gguf":
         if quant in (None, KEEP):
-            with st.stage(f"copy GGUF ({file_type_name(model)})"):
+            kept = file_type_name(model)
+            with st.stage(f"copy GGUF ({kept})"):
                 shutil.copyfile(model, dst)
                 check_loads(dst, model.name)  # in a child: a model llama.cpp asserts on is an error
+            return BackendInfo(files={}, kv_dtype="", quantization=kept)
         else:
             with st.stage(f"re-quantize GGUF ({quant})"):
                 quantize_gguf(model, dst, quant, allow_requantize=True)

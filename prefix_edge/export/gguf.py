@@ -167,8 +167,10 @@ def file_type_name(path: Path) -> str:
     """The weight type a GGUF file declares (general.file_type), as llama.cpp names it: q4_1, f16..."""
     import gguf
 
+    from .gguf_tokenizer import gguf_reader
+
     try:
-        field = gguf.GGUFReader(str(path)).get_field(gguf.Keys.General.FILE_TYPE)
+        field = gguf_reader(path).get_field(gguf.Keys.General.FILE_TYPE)
     except Exception as e:
         raise PrefixEdgeError(f"{path}: not a readable GGUF file ({e})") from None
     if field is None:

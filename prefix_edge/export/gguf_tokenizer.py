@@ -22,6 +22,7 @@ Export then holds the result to llama.cpp on a corpus (export/tokenizer_check.py
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -30,20 +31,30 @@ from ..errors import PrefixEdgeError
 SPACE = "\u2581"
 
 
-def gguf_vocab_model(path: Path) -> str:
-    """The GGUF's tokenizer.ggml.model (llama, gpt2, bert, t5, ...), "" where it has none."""
+def gguf_reader(path: Path):
+    """gguf-py's reader of `path`, one per file version (parsing a 262k-piece vocabulary's
+    metadata takes ~8 s: every step of an export shares one)."""
+    st = Path(path).stat()
+    return _reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: str, mtime_ns: int, size: int):
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    return gguf.GGUFReader(path)
+
+
+def gguf_vocab_model(path: Path) -> str:
+    """The GGUF's tokenizer.ggml.model (llama, gpt2, bert, t5, ...), "" where it has none."""
+    reader = gguf_reader(path)
     field = reader.get_field("tokenizer.ggml.model")
     return str(field.contents()) if field is not None else ""
 
 
 def special_tokens(path: Path) -> dict[str, str]:
     """The GGUF's bos/eos/unk/pad tokens ({"bos_token": "<s>", ...}), as llama.cpp reads them."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
     field = reader.get_field("tokenizer.ggml.tokens")
     tokens = field.contents() if field is not None else []
     out = {}
@@ -57,12 +68,10 @@ def special_tokens(path: Path) -> dict[str, str]:
 
 def spm_tokenizer_json(path: Path) -> dict:
     """tokenizer.json for the SPM vocabulary of the GGUF at `path` (BOS/EOS added as it says)."""
-    import gguf
-
     from ..llamacpp.child import tokenize
     from ..llamacpp.vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, ATTR_USER_DEFINED
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
 
     def field(name, default=None):
         f = reader.get_field(name)
@@ -75,7 +84,7 @@ def spm_tokenizer_json(path: Path) -> dict:
                               "which llama.cpp's tokenizer needs")
     # the tokens llama.cpp splits out of a text before its SPM merges, by the attributes it
     # gives them (the GGUF's types after its corrections: a NORMAL `<|im_end|>` is CONTROL)
-    _, attrs = tokenize(path, [], path.name)
+    _, attrs, _ = tokenize(path, [], path.name)
     if len(attrs) != len(tokens):
         raise PrefixEdgeError(f"{path.name}: llama.cpp reads {len(attrs)} tokens, its vocabulary lists {len(tokens)}")
     vocab: dict[str, int] = {}
@@ -157,8 +166,6 @@ def write_faithful(out: Path, gguf_path: Path) -> bool:
     SPM vocabulary, and its special tokens; a BPE one's pre-tokenizer, for the names
     export/gguf.py knows); True when rewritten. Anything else is left as it is (and checked at
     export)."""
-    import gguf
-
     kind = gguf_vocab_model(gguf_path)
     path = out / "tokenizer.json"
     base = json.loads(path.read_text(encoding="utf-8"))
@@ -166,7 +173,7 @@ def write_faithful(out: Path, gguf_path: Path) -> bool:
         spec = spm_tokenizer_json(gguf_path)
         _configure(out, special_tokens(gguf_path))
     elif kind == "gpt2":
-        field = gguf.GGUFReader(str(gguf_path)).get_field("tokenizer.ggml.pre")
+        field = gguf_reader(gguf_path).get_field("tokenizer.ggml.pre")
         pre = bpe_pre_tokenizer(str(field.contents())) if field is not None else None
         if pre is None or base.get("pre_tokenizer") == pre:
             return False

@@ -89,9 +89,9 @@ def _match_gguf_bos(tok, gguf_path: Path) -> int:
     """transformers' GGUF tokenizer conversion adds a BOS to every text even when the GGUF says
     `tokenizer.ggml.add_bos_token = false` (SmolLM2 does); follow the GGUF, as llama.cpp does.
     The GGUF's context length (2048 if it has none: model_info's default)."""
-    import gguf
+    from .gguf_tokenizer import gguf_reader
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    reader = gguf_reader(gguf_path)
     field = reader.get_field("tokenizer.ggml.add_bos_token")
     if field is not None and not bool(field.parts[field.data[0]][0]) and hasattr(tok, "add_bos_token"):
         tok.add_bos_token = False

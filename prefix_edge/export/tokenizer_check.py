@@ -68,7 +68,7 @@ def check_against_llama(tokenizer, gguf_path: Path, prefixes: dict[str, str], na
               for label, t in [*texts[:4], *(("special tokens", s) for s in spelled)]]
     cases += [(f"{label} (with BOS/EOS)", t, True, True, ids(tokenizer, label, t, True))
               for label, t in texts[:2]]
-    theirs, _ = tokenize(gguf_path, [(t, add, parse) for _, t, add, parse, _ in cases], name)
+    theirs, *_ = tokenize(gguf_path, [(t, add, parse) for _, t, add, parse, _ in cases], name)
     for (label, text, _, _, ours), ref in zip(cases, theirs):
         if ours != ref:
             k = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))

@@ -37,11 +37,11 @@ def check_loads(path: Path, name: str) -> None:
     _run(["load", str(path)], f"loading {name}")
 
 
-def tokenize(path: Path, cases: list[tuple[str, bool, bool]], name: str) -> tuple[list[list[int]], list[int]]:
+def tokenize(path: Path, cases: list[tuple[str, bool, bool]], name: str) -> tuple[list[list[int]], list[int], list[int]]:
     """llama.cpp's own tokenizer of the GGUF at `path` (its vocabulary alone) over `cases`, each
     (text, add_special, parse_special), and every token's attributes as llama.cpp reads them
-    (LLAMA_TOKEN_ATTR_* bits: control, user-defined, ..., after its own corrections), in a child:
-    a vocabulary llama.cpp aborts on is an error line."""
+    (LLAMA_TOKEN_ATTR_* bits: control, user-defined, ..., after its own corrections) and its
+    end-of-generation tokens, in a child: a vocabulary llama.cpp aborts on is an error line."""
     import json
     import tempfile
 
@@ -50,7 +50,7 @@ def tokenize(path: Path, cases: list[tuple[str, bool, bool]], name: str) -> tupl
         src.write_text(json.dumps([list(c) for c in cases]), encoding="utf-8")
         _run(["tokenize", str(path), str(src), str(dst)], f"tokenizing with {name}'s vocabulary")
         out = json.loads(dst.read_text(encoding="utf-8"))
-        return out["ids"], out["attrs"]
+        return out["ids"], out["attrs"], out["eog"]
 
 
 def load_failure(path: Path) -> str:
@@ -132,7 +132,7 @@ def _child(argv: list[str]) -> int:
         cases = json.loads(Path(argv[2]).read_text(encoding="utf-8"))
         with Vocab(Path(argv[1])) as v:
             out = {"ids": [v.tokenize(text, bool(add), bool(parse)) for text, add, parse in cases],
-                   "attrs": v.attrs()}
+                   "attrs": v.attrs(), "eog": v.eog()}
         Path(argv[3]).write_text(json.dumps(out), encoding="utf-8")
         return 0
     if op == "quantize":

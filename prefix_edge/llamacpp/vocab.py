@@ -48,6 +48,11 @@ class Vocab:
         get = self._L.llama_vocab_get_attr
         return [int(get(self._vocab, i)) for i in range(self.n_vocab)]
 
+    def eog(self) -> list[int]:
+        """The tokens that end a generation for llama.cpp (EOS, EOT, <|im_end|>, ...)."""
+        is_eog = self._L.llama_vocab_is_eog
+        return [i for i in range(self.n_vocab) if is_eog(self._vocab, i)]
+
     def piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(256)
         n = self._L.llama_token_to_piece(self._vocab, token, buf, 256, 0, True)

@@ -1,0 +1,117 @@
+"""A `.gguf` source exported for llama.cpp alone (`--format gguf`), read and baked without
+transformers: the model is never de-quantized, so a bundle of a downloaded GGUF takes seconds
+where the path through transformers took minutes (a real Qwen2.5-0.5B: 373 s).
+
+What export needs of the model comes from the file and from llama.cpp itself:
+- the tokenizer: an SPM vocabulary built from the GGUF (export/gguf_tokenizer.py); another
+  vocabulary type from transformers' tokenizer conversion alone (no weights read), its BPE
+  pre-tokenizer written from `tokenizer.ggml.pre`; either way held to llama.cpp's own tokenizer
+  afterwards (export/tokenizer_check.py);
+- the chat template and the special tokens the template sees: the GGUF's
+  (`tokenizer.chat_template`, `tokenizer.ggml.*_token_id`), as llama.cpp uses them;
+- the model's shape: the GGUF's metadata, the layer and KV-head counts as the engine that bakes
+  reports them; end-of-generation ids: llama.cpp's own set (`llama_vocab_is_eog`).
+
+Not on this path (export then goes through transformers as before): PEFT tasks (their adapters
+are checked against the HF config), compressed prefixes (scored on the fp32 model), an ONNX
+format. Its manifest's `model_type` is `gguf:ARCH`: features that re-rotate cached keys (composed
+documents) ask the HF config's RoPE, which a GGUF does not fully carry, and refuse such a bundle
+in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import ModelInfo
+from ..errors import PrefixEdgeError
+
+
+def takes_direct_path(model: Path, formats, specs, compress) -> bool:
+    """Whether export reads `model` here rather than through transformers."""
+    return (model.suffix == ".gguf" and model.is_file() and tuple(formats) == ("gguf",)
+            and not any(s.kind == "peft" for s in specs)
+            and compress is None and not any(getattr(s, "compress_prefix", None) not in (None, "none")
+                                             for s in specs))
+
+
+@dataclass
+class GgufSource:
+    info: ModelInfo
+    chat_template: str | None
+    special: dict          # bos_token, eos_token ... as the chat template sees them
+
+
+def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
+    """Write `tokenizer_dir`/tokenizer.json for the GGUF at `model` and read what export needs."""
+    from ..llamacpp.child import tokenize
+    from .gguf_tokenizer import gguf_reader, gguf_vocab_model, special_tokens, spm_tokenizer_json, write_faithful
+
+    reader = gguf_reader(model)
+
+    def field(name, default=None):
+        f = reader.get_field(name)
+        if f is None:
+            return default
+        v = f.contents()
+        return v if not isinstance(v, list) else (max(v) if v and all(isinstance(x, (int, float)) for x in v) else v)
+
+    arch = field("general.architecture")
+    if not arch:
+        raise PrefixEdgeError(f"{model.name}: no general.architecture in its metadata: not a model GGUF")
+    tokens = field("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise PrefixEdgeError(f"{model.name}: no vocabulary (tokenizer.ggml.tokens) in the GGUF")
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    kind = gguf_vocab_model(model)
+    specials = special_tokens(model)
+    if kind == "llama":
+        (tokenizer_dir / "tokenizer.json").write_text(json.dumps(spm_tokenizer_json(model), ensure_ascii=False),
+                                                      encoding="utf-8")
+    else:  # transformers' conversion of the vocabulary alone (no weights), then its pre-tokenizer
+        import contextlib
+        import io
+
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from .source import _match_gguf_bos
+
+        hf_logging.set_verbosity_error()
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                tok = AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name)
+        except Exception as e:
+            raise PrefixEdgeError(f"{model.name}: transformers cannot read its {kind or '?'} vocabulary: "
+                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+        _match_gguf_bos(tok, model)
+        tok.save_pretrained(str(tokenizer_dir), legacy_format=False)
+        write_faithful(tokenizer_dir, model)
+    for extra in tokenizer_dir.iterdir():  # the bundle's tokenizer is tokenizer.json alone
+        if extra.name != "tokenizer.json":
+            extra.unlink()
+    _, attrs, eog = tokenize(model, [], model.name)
+    n_heads = int(field(f"{arch}.attention.head_count", 0) or 0)
+    hidden = int(field(f"{arch}.embedding_length", 0) or 0)
+    head_dim = int(field(f"{arch}.attention.key_length", 0) or 0) or (hidden // n_heads if n_heads else 0)
+    window = int(field(f"{arch}.attention.sliding_window", 0) or 0)
+    info = ModelInfo(
+        architecture=f"{arch} (GGUF)", model_type=f"gguf:{arch}",
+        n_layers=int(field(f"{arch}.block_count", 0) or 0), n_heads=n_heads,
+        n_kv_heads=int(field(f"{arch}.attention.head_count_kv", n_heads) or 0), head_dim=head_dim,
+        hidden_size=hidden, vocab_size=len(attrs),
+        n_ctx=int(field(f"{arch}.context_length", 2048) or 2048),
+        rope={"theta": float(field(f"{arch}.rope.freq_base", 10000.0) or 10000.0), "scaling": None},
+        eos_token_ids=sorted(set(eog)), source=model.name, sliding_layers=[], sliding_window=window)
+    template = field("tokenizer.chat_template")
+    return GgufSource(info, template if isinstance(template, str) else None, specials)
+
+
+def adopt_engine_shape(info: ModelInfo, be) -> None:
+    """The layer and KV-head counts as the engine that bakes reads them (a hybrid's recurrent
+    layers, per-layer KV-head arrays: llama.cpp's own view, which the prefix states follow)."""
+    info.n_layers = int(getattr(be, "model_layers", be.n_layers))
+    info.n_kv_heads, info.head_dim = int(be.n_kv_heads), int(be.head_dim)
+    info.sliding_window = int(getattr(be, "n_swa", 0) or 0)
