@@ -103,7 +103,12 @@ INTEGRATION_MODULES = {"test_architectures", "test_gguf_convert", "test_parity",
 
 
 def pytest_collection_modifyitems(config, items):
+    chosen = config.getoption("-m") or ""
     for item in items:
+        if item.get_closest_marker("real"):  # opt-in: `-m real` (models fetched once, minutes)
+            if "real" not in chosen:
+                item.add_marker(pytest.mark.skip(reason="the real-model tier runs with: pytest -m real"))
+            continue
         if item.get_closest_marker("e2e") or item.get_closest_marker("arm64"):  # tiers of their own
             continue
         if item.module.__name__.endswith("test_install"):

@@ -13,6 +13,7 @@ implements the same split (see `_PRE_TOKENIZERS`), or refuse.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -163,11 +164,23 @@ def _read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def gguf_reader(path: Path):
+    """gguf-py's reader of `path`, one per file version (parsing a 262k-piece vocabulary's
+    metadata takes ~8 s: every step of an export shares one)."""
+    st = Path(path).stat()
+    return _reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: str, mtime_ns: int, size: int):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
 def file_type_name(path: Path) -> str:
     """The weight type a GGUF file declares (general.file_type), as llama.cpp names it: q4_1, f16..."""
     import gguf
-
-    from .gguf_tokenizer import gguf_reader
 
     try:
         field = gguf_reader(path).get_field(gguf.Keys.General.FILE_TYPE)

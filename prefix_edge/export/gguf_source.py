@@ -47,7 +47,8 @@ class GgufSource:
 def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
     """Write `tokenizer_dir`/tokenizer.json for the GGUF at `model` and read what export needs."""
     from ..llamacpp.child import tokenize
-    from .gguf_tokenizer import gguf_reader, gguf_vocab_model, special_tokens, spm_tokenizer_json, write_faithful
+    from .gguf import gguf_reader
+    from .gguf_tokenizer import gguf_vocab_model, special_tokens, spm_tokenizer_json, write_faithful
 
     reader = gguf_reader(model)
 

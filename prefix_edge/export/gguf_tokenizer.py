@@ -22,27 +22,13 @@ Export then holds the result to llama.cpp on a corpus (export/tokenizer_check.py
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 from ..errors import PrefixEdgeError
+from .gguf import gguf_reader, pre_tokenizer_spec
 
 SPACE = "\u2581"
-
-
-def gguf_reader(path: Path):
-    """gguf-py's reader of `path`, one per file version (parsing a 262k-piece vocabulary's
-    metadata takes ~8 s: every step of an export shares one)."""
-    st = Path(path).stat()
-    return _reader(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=2)
-def _reader(path: str, mtime_ns: int, size: int):
-    import gguf
-
-    return gguf.GGUFReader(path)
 
 
 def gguf_vocab_model(path: Path) -> str:
@@ -155,8 +141,6 @@ def bpe_pre_tokenizer(pre: str) -> dict | None:
     own is kept, and checked). transformers' conversion gives every GPT-2-type vocabulary the
     plain GPT-2 split: SmolLM2's ("smollm": every number character alone first) then read " ½"
     as one piece where llama.cpp reads " " and "½"."""
-    from .gguf import pre_tokenizer_spec
-
     return pre_tokenizer_spec(pre)
 
 

@@ -89,7 +89,7 @@ def _match_gguf_bos(tok, gguf_path: Path) -> int:
     """transformers' GGUF tokenizer conversion adds a BOS to every text even when the GGUF says
     `tokenizer.ggml.add_bos_token = false` (SmolLM2 does); follow the GGUF, as llama.cpp does.
     The GGUF's context length (2048 if it has none: model_info's default)."""
-    from .gguf_tokenizer import gguf_reader
+    from .gguf import gguf_reader
 
     reader = gguf_reader(gguf_path)
     field = reader.get_field("tokenizer.ggml.add_bos_token")
