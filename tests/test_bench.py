@@ -96,3 +96,25 @@ def test_bench_speculative_report(bundle_int4, tmp_path):
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and "inputs.jsonl:1: not a JSON object with an \"input\" string" in err
     assert len(err.splitlines()) == 1, err
+
+
+def test_bench_contention_report(bundle_int4):
+    """`bench --contention`'s rows (idle and beside a real busy process, threads auto / fixed / 1,
+    both engines): every figure measured, and auto running one thread beside a process that keeps
+    a CPU busy on a 2-CPU machine (what it runs, not how fast)."""
+    from prefix_edge.bench.contention import run_all, table
+    from prefix_edge.runtime.engines.cpu_share import cpu_share
+
+    report = run_all(bundle_int4, ["onnx", "gguf"], 2, runs=1, max_tokens=4, log=lambda m: None,
+                     loads=("idle", "busy loop"))
+    rows = report["rows"]
+    assert [(r["engine"], r["beside"], r["threads"]) for r in rows] == [
+        (e, load, t) for e in ("onnx", "gguf") for load in ("idle", "busy loop")
+        for t in ("auto", "fixed 2", "1 thread")]
+    for r in rows:
+        assert r["ttft_ms"] > 0 and r["prefilled_ttft_ms"] > 0 and r["decode_tok_s"] > 0
+        assert (r["auto_threads_now"] is not None) == (r["threads"] == "auto")
+    if cpu_share().allowed == 2:
+        assert all(r["auto_threads_now"] == 1 for r in rows if r["beside"] == "busy loop" and r["threads"] == "auto")
+    lines = table(report)
+    assert lines[0].startswith("| engine | beside | threads |") and len(lines) == 2 + len(rows)

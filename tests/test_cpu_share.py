@@ -134,3 +134,26 @@ def test_thread_count_changes_no_logit_and_follows_a_busy_process(tmp_path):
         assert seen[-1] == 2, seen[-20:]
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_background_priority(bundle_int4, backend):
+    """priority="background": one thread, the engine thread at a lower OS priority, the same
+    tokens as the default; a bad value is one line."""
+    import os
+    import threading
+
+    from prefix_edge import PrefixEdgeError, Runtime
+
+    with pytest.raises(PrefixEdgeError, match="priority must be one of 'normal', 'background'"):
+        Runtime.open(bundle_int4, backend=backend, priority="idle")
+    with Runtime.open(bundle_int4, backend=backend) as rt:
+        want = rt.generate("support", "Can I get a refund?", max_tokens=8).tokens
+    with Runtime.open(bundle_int4, backend=backend, priority="background") as rt:
+        assert rt.threads == 1
+        assert rt.generate("support", "Can I get a refund?", max_tokens=8).tokens == want
+        if sys.platform.startswith("linux"):
+            engine = rt._sched._thread  # this runtime's engine thread
+            assert os.getpriority(os.PRIO_PROCESS, engine.native_id) >= \
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10 or \
+                os.getpriority(os.PRIO_PROCESS, engine.native_id) == 19

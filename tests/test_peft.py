@@ -328,8 +328,9 @@ def test_key_permutation_is_the_weight_permutation(monkeypatch):
 
 
 def test_leading_special_tokens_go_after_the_virtual_part():
-    """A chat = false peft task's text starts with the BOS a tokenizer adds (as PEFT sees
-    `tokenizer(text)`: soft prompt, then BOS and text); a text task's does not."""
+    """A chat = false task's text starts with the BOS a tokenizer adds: a peft one's after the
+    virtual part (as PEFT sees `tokenizer(text)`: soft prompt, then BOS and text), a text one's
+    first (as llama.cpp and transformers read the prompt); a chat task's template writes its own."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     from prefix_edge.export.bake import leading_special_ids, prefix_ids
@@ -342,7 +343,8 @@ def test_leading_special_tokens_go_after_the_virtual_part():
     assert leading_special_ids(tok) == [0]
     raw = RenderedTask("a b", "", "", "{input}", False)
     assert prefix_ids(tok, raw, "t", 100, n_virtual=4) == [0, 1, 2]
-    assert prefix_ids(tok, raw, "t", 100) == [1, 2]
+    assert prefix_ids(tok, raw, "t", 100) == [0, 1, 2]
+    assert prefix_ids(tok, RenderedTask("a b", "", "", "{input}", True), "t", 100) == [1, 2]
     assert prefix_ids(tok, RenderedTask("", "", "", "{input}", False), "t", 100, n_virtual=4) == [0]
     assert prefix_ids(tok, RenderedTask("a", "", "", "{input}", True), "t", 100, n_virtual=4) == [1]
     with pytest.raises(PrefixEdgeError, match="4 virtual \\+ 3 text"):

@@ -73,15 +73,20 @@ def _measure(bundle: Path, engine: str, threads: int | None, runs: int, max_toke
             tok_s.append(r.stats.decode_tok_s)
             p = rt.generate(task, INPUT, max_tokens=1, use_prefix_cache=False, use_prompt_cache=False)
             prefill.append(p.stats.ttft_ms)
+        auto = None
+        if threads is None:  # what auto runs now, as the engines' next forward would
+            from ..runtime.engines.cpu_share import cpu_share
+
+            auto = cpu_share().choose(rt.threads or 1)
     return {"ttft_ms": round(statistics.median(ttft), 1), "prefilled_ttft_ms": round(statistics.median(prefill), 1),
-            "decode_tok_s": round(statistics.median(tok_s), 1)}
+            "decode_tok_s": round(statistics.median(tok_s), 1), "auto_threads_now": auto}
 
 
 def run_all(bundle: Path, engines: list[str], full: int, runs: int = 3, max_tokens: int = 48,
-            log=print) -> dict:
+            log=print, loads=LOADS) -> dict:
     rows = []
     for engine in engines:
-        for load in LOADS:
+        for load in loads:
             if load == "other engine" and len(engines) < 2:
                 continue
             for label, threads in (("auto", None), (f"fixed {full}", full), ("1 thread", 1)):

@@ -1,6 +1,7 @@
 """`prefix-edge export`: model + task file → bundle, built in a temp dir and renamed into place.
 
-Stages: source model → tokenizer + task prefix ids, peft adapters read and checked (fail fast)
+Stages: source model (a .gguf for llama.cpp alone: its metadata and vocabulary, no transformers:
+gguf_source.py) → tokenizer + task prefix ids, peft adapters read and checked (fail fast)
 → per format: the deployed model (ONNX: optimum export + quantization; GGUF: the source GGUF,
 re-quantized on request, or an HF dir converted and quantized) → bake each task's prefix through
 that deployed model → manifest (written last) → atomic rename.
@@ -187,10 +188,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from ..runtime.constraint import check_task_defaults
     from ..runtime.engines import open_backend
     from .bake import bake, prefix_ids
+    from .gguf_source import adopt_engine_shape, read_gguf_source, takes_direct_path
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
-
-    from .gguf_source import adopt_engine_shape, read_gguf_source, takes_direct_path
 
     work = root / "_work"
     work.mkdir()

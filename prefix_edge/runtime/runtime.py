@@ -137,7 +137,8 @@ class Runtime:
              shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
-             document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES) -> "Runtime":
+             document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
+             priority: str = "normal") -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -161,7 +162,10 @@ class Runtime:
         (cache/budget.py: the entry used longest ago, in either, goes first; each also keeps
         its own cap). verify: "cached"
         reuses a model file's hash while its stat identity is unchanged (bundle/verify.py);
-        "full" always hashes."""
+        "full" always hashes. threads None ("auto"): each forward runs the threads the CPUs have
+        free (docs/contention.md). priority "background": for an app whose own work must come
+        first (a desktop UI): one thread unless `threads` says otherwise, never spinning, on
+        engine threads at a lower OS scheduling priority."""
         from tokenizers import Tokenizer
 
         bundle = Bundle.open(path)
@@ -181,12 +185,16 @@ class Runtime:
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
             raise PrefixEdgeError(f"slots must be <= 64, got {slots}")
+        from .engines.cpu_share import PRIORITIES
+
+        if priority not in PRIORITIES:
+            raise PrefixEdgeError(f"priority must be one of {', '.join(map(repr, PRIORITIES))}, got {priority!r}")
         if not isinstance(shared_kv, bool):
             raise PrefixEdgeError(f"shared_kv must be true or false, got {shared_kv!r}")
         longest = max((t.prefix_tokens for t in bundle.tasks.values()), default=0)
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
-                           verify=verify, longest_prefix=longest)
+                           verify=verify, longest_prefix=longest, priority=priority)
         # the tokenizer loads while the engine's model does (overlap.py)
         with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
             opened = engine_class(backend).from_bundle(bundle, hashes, cfg)

@@ -135,6 +135,28 @@ class CpuShare:
                     "source": "/proc/stat" if self.readable else "load average"}
 
 
+BACKGROUND_NICE = 10  # how much lower a background runtime's threads run (nice, Linux/macOS)
+PRIORITIES = ("normal", "background")
+_LOWERED: set[int] = set()
+
+
+def lower_this_thread() -> None:
+    """Run the calling thread at a lower scheduling priority (once per thread): a background
+    runtime's engine and embedder threads, whose forwards then yield to the app's own work. On
+    Linux a thread's nice value is its own (setpriority on its thread id); elsewhere, where the
+    call would lower the whole process or is not there, nothing happens."""
+    import sys
+
+    tid = threading.get_native_id()
+    if tid in _LOWERED or not sys.platform.startswith("linux"):
+        return
+    _LOWERED.add(tid)
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (OSError, AttributeError):
+        pass
+
+
 _SHARE: CpuShare | None = None
 _SHARE_LOCK = threading.Lock()
 

@@ -63,6 +63,7 @@ class EngineConfig:
     kv_cells: int | None = None    # llama.cpp: total KV cells
     verify: str = "cached"
     longest_prefix: int = 0        # the bundle's longest task prefix (must fit a request)
+    priority: str = "normal"       # "background": one thread, not spinning, at a lower OS priority
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ....errors import PrefixEdgeError
+from ..cpu_share import cpu_share, lower_this_thread
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from .context import ContextSpec, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
@@ -43,11 +44,12 @@ class LlamaBackend(PrefixFiles, OneSequence):
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
                  n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
-                 max_ctx_seq: int | None = None, adaptive: bool = False):
+                 max_ctx_seq: int | None = None, adaptive: bool = False, background: bool = False):
         L = self._L = load_llama_cpp()
         # adaptive: `threads` is the most a forward runs; each one runs what the CPUs have free
         # then (cpu_share.py), so the engine never collapses beside another busy process
         self.adaptive = bool(adaptive) and device == "cpu"
+        self.background = bool(background)  # forwards on a lowered thread (cpu_share.lower_this_thread)
         self.model = self.ctx = self.batch = None
         if kv_type not in KV_TYPES:
             raise PrefixEdgeError(f"unknown KV cache type {kv_type!r}; choose one of: {', '.join(KV_TYPES)}")
@@ -181,8 +183,9 @@ class LlamaBackend(PrefixFiles, OneSequence):
         else:  # a stream per slot, from what the prefixes need, grown up to ctx cells as used
             start = min(ctx, max(cls.STREAM_START, -(-(cfg.longest_prefix + cls.REQUEST_CELLS) // 256) * 256))
             kv_cells, n_seq, grow_to = slots * start, slots, ctx
-        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(),
-                 adaptive=cfg.threads is None, n_ctx=kv_cells,
+        background = cfg.priority == "background"
+        be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
+                 adaptive=cfg.threads is None and not background, background=background, n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
                  max_ctx_seq=grow_to, **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
@@ -298,10 +301,10 @@ class LlamaBackend(PrefixFiles, OneSequence):
         the CPUs have free now (thread counts change no result: ggml splits a node's rows
         between threads, never a sum)."""
         L = self._L
+        if self.background:
+            lower_this_thread()
         if not self.adaptive:
             return L.llama_decode(ctx, batch)
-        from ..cpu_share import cpu_share
-
         with cpu_share().lease(self.threads) as n:
             L.llama_set_n_threads(ctx, n, n)  # a setter of the context's params: free
             return L.llama_decode(ctx, batch)

@@ -66,14 +66,16 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         ctx = min(limit, cfg.n_ctx) if cfg.n_ctx else limit
         fit_prefix(cfg.longest_prefix, ctx)
         rel = str(model.relative_to(bundle.root))
-        be = cls(model, device=cfg.device, threads=cfg.threads or default_threads(), n_ctx=ctx,
-                 verify=cfg.verify, model_sha256=model_hashes[rel], adaptive=cfg.threads is None)
+        background = cfg.priority == "background"
+        be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
+                 n_ctx=ctx, verify=cfg.verify, model_sha256=model_hashes[rel],
+                 adaptive=cfg.threads is None and not background, background=background)
         be.rope_layout = hf_rope_layout(bundle.manifest.model)
         return Opened(be, ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None,
-                 adaptive: bool = False):
+                 adaptive: bool = False, background: bool = False):
         if device == "auto":
             device = "cuda" if "cuda" in available_devices() else "cpu"
         if device == "cuda" and "cuda" not in available_devices():
@@ -83,8 +85,9 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
+        self.background = bool(background)  # one thread, not spinning, on lowered threads
         self.session, self.session_source = self._session(Path(model_path), device, threads, verify,
-                                                          model_sha256)
+                                                          model_sha256, spin=not self.background)
         # adaptive (threads "auto"): while the CPUs are contended (cpu_share.py), forwards run on
         # a lean session of the same model, made the first time: as many threads as were free
         # then, none spinning (ORT's pool spins at every op's barrier: beside a busy loop the
@@ -466,6 +469,10 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
 
         @contextmanager
         def held():
+            if self.background:
+                from ..cpu_share import lower_this_thread
+
+                lower_this_thread()
             if not self.adaptive or self.session is None:
                 yield self.session
                 return
