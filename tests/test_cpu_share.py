@@ -157,3 +157,17 @@ def test_background_priority(bundle_int4, backend):
             assert os.getpriority(os.PRIO_PROCESS, engine.native_id) >= \
                 os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10 or \
                 os.getpriority(os.PRIO_PROCESS, engine.native_id) == 19
+
+
+def test_the_gguf_embedder_runs_no_openmp_team_of_its_own(bundle_int4):
+    """The embedder's llama.cpp contexts run one thread, so its thread never starts an OpenMP
+    team beside the engine thread's (two teams on 2 CPUs throttle every barrier for good: the
+    generator fell from 77 to 29 tok/s after the first embedding, benchmarks/chat_with_embeddings.py);
+    its vectors are the same as before (thread counts change no result)."""
+    from prefix_edge import Runtime
+
+    with Runtime.open(bundle_int4, backend="gguf") as rt:
+        rt.embed(["a text", "another text"])
+        runner = rt.embeddings._runner
+        contexts = list(runner._ctx.values())
+        assert contexts and all(rt.backend._L.llama_n_threads(c) == 1 for c in contexts)

@@ -19,6 +19,8 @@ import numpy as np
 
 from ....errors import PrefixEdgeError
 
+EMBED_THREADS = 1  # the embedder's llama.cpp threads (see _context)
+
 
 class LlamaPooled:
     """`pooled(batch, pooling)`: one vector [n_embd] per token-id array of the batch."""
@@ -46,8 +48,11 @@ class LlamaPooled:
         # flash attention: no [n_ubatch x n_kv] score matrix per head at n_ubatch = cells
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cp.no_perf = True
-        if be.threads:
-            cp.n_threads = cp.n_threads_batch = be.threads
+        # one thread: an OpenMP build gives every host thread that runs a parallel region a team
+        # of its own, and once two teams exist (the engine thread's and this one's: more threads
+        # than CPUs) libgomp throttles every barrier's spinning for good: the generator decoded
+        # 77 tok/s before the first embedding and 29 after it, idle embedder or not
+        cp.n_threads = cp.n_threads_batch = EMBED_THREADS
         ctx = L.llama_init_from_model(be.model, cp)
         if not ctx:
             raise PrefixEdgeError(f"cannot create a llama.cpp embeddings context ({self.cells} cells): "
@@ -75,7 +80,7 @@ class LlamaPooled:
                 k += 1
         b.n_tokens = k
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        rc = be.decode(ctx, b)
+        rc = be.decode(ctx, b, most=EMBED_THREADS)
         if rc != 0:
             raise PrefixEdgeError(f"llama_decode of an embeddings batch failed (code {rc})")
         out = []

@@ -296,16 +296,17 @@ class LlamaBackend(PrefixFiles, OneSequence):
             raise PrefixEdgeError(f"llama_state_seq_get_data wrote {n} of {size} bytes")
         return blob
 
-    def decode(self, ctx, batch) -> int:
-        """llama_decode on `ctx` (this engine's or its embedder's), adaptive: with the threads
-        the CPUs have free now (thread counts change no result: ggml splits a node's rows
-        between threads, never a sum)."""
+    def decode(self, ctx, batch, most: int | None = None) -> int:
+        """llama_decode on `ctx` (this engine's, or its embedder's with `most` threads),
+        adaptive: with the threads the CPUs have free now, held against this process's other
+        forwards (thread counts change no result: ggml splits a node's rows between threads,
+        never a sum)."""
         L = self._L
         if self.background:
             lower_this_thread()
         if not self.adaptive:
             return L.llama_decode(ctx, batch)
-        with cpu_share().lease(self.threads) as n:
+        with cpu_share().lease(most or self.threads) as n:
             L.llama_set_n_threads(ctx, n, n)  # a setter of the context's params: free
             return L.llama_decode(ctx, batch)
 
