@@ -27,7 +27,7 @@ from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 
 from .helpers.families import GEMMA3N_TEXT, build_gemma3n, family_tasks
-from .helpers.parity import baked_and_prefilled, three_ways
+from .helpers.parity import agree_until_a_near_tie, baked_and_prefilled, three_ways
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
@@ -135,19 +135,7 @@ def test_baked_prefix_is_the_prefill(exported, backend):
                 if backend == "onnx":
                     assert a.tokens == b.tokens and len(a.tokens) > 0, (task, text)
                 else:  # that noise may flip a near tie of this random model, and nothing else
-                    _agree_until_a_near_tie(b, a, 1e-2)
-
-
-def _agree_until_a_near_tie(ref, got, noise: float) -> None:
-    """Greedy replies of two runs whose logits differ by float noise: the same tokens up to the
-    first step where they differ, whose top two in `ref` are then within `noise`."""
-    assert ref.tokens
-    for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)):
-        if x != y:
-            best = sorted((lp for _, lp in ref.logprobs[i][2]), reverse=True)
-            assert best[0] - best[1] <= noise, (i, best)
-            return
-    assert ref.tokens == got.tokens
+                    agree_until_a_near_tie(b, a, 1e-2)
 
 
 def test_kv_shared_layers_hold_no_kv(exported):

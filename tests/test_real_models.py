@@ -3,8 +3,8 @@ model decodes at a few tokens a second here). Real trained GGUFs as people downl
 (tests/helpers/real_models.py, sha256 pinned), exported `--format gguf` (read and baked without
 transformers) and run through the runtime:
 - Gemma 3 270M Q4_K_M (SentencePiece, window 512): a raw few-shot task answers as plain
-  llama-cpp-python on the same file; a few-shot prefix past the window bakes and its replies
-  equal the prefilled runs';
+  llama-cpp-python on the same file; a few-shot prefix past llama.cpp's sliding-window ring
+  bakes and its replies equal the prefilled runs' up to a near tie;
 - Qwen2.5-Coder-1.5B-Instruct Q4_K_M (BPE qwen2, its own chat template): a system-prompt task's
   replies baked == prefilled, a two-turn conversation == its cold replay, a JSON-schema answer
   that validates, a forced tool call that validates, embeddings of unit length that rank a
@@ -19,6 +19,7 @@ import pytest
 
 from prefix_edge import Runtime
 
+from .helpers.parity import agree_until_a_near_tie
 from .helpers.real_models import GEMMA3_270M, QWEN25_CODER_1_5B, fetch
 
 pytestmark = pytest.mark.real
@@ -44,7 +45,7 @@ def _export(tmp, gguf, tasks: str):
 def gemma(tmp_path_factory):
     gguf = fetch(GEMMA3_270M)
     tmp = tmp_path_factory.mktemp("gemma3-270m")
-    long = "Translate English to French.\n" + "".join(f"English: {e}\nFrench: {f}\n" for e, f in PAIRS * 12)
+    long = "Translate English to French.\n" + "".join(f"English: {e}\nFrench: {f}\n" for e, f in PAIRS * 16)
     manifest = _export(tmp, gguf, f'[task.french]\nchat = false\nprefix = {json.dumps(FEW_SHOT)}\n'
                                   'template = "English: {input}\\nFrench:"\nmax_tokens = 6\n\n'
                                   f'[task.french_long]\nchat = false\nprefix = {json.dumps(long)}\n'
@@ -67,12 +68,14 @@ def test_gemma3_answers_as_llama_cpp(gemma):
 
 def test_gemma3_prefix_past_the_window(gemma):
     _, bundle, manifest = gemma
-    assert manifest.tasks["french_long"].prefix_tokens > 2 * 512
+    assert manifest.tasks["french_long"].prefix_tokens > 2 * 512  # past llama.cpp's ring (window + a batch)
     with Runtime.open(bundle, backend="gguf") as rt:
         for text in ("good night", "I love you"):
+            # past llama.cpp's ring the restored window's f16 attention sums run in another cell
+            # order than a prefill's (~1e-3 in the logits): equal up to a near tie
+            prefilled = rt.generate("french_long", text, use_prefix_cache=False, logprobs=2)
             baked = rt.generate("french_long", text)
-            prefilled = rt.generate("french_long", text, use_prefix_cache=False)
-            assert baked.tokens == prefilled.tokens, text
+            agree_until_a_near_tie(prefilled, baked, noise=0.1)
 
 
 @pytest.fixture(scope="module")

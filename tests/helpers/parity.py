@@ -30,3 +30,15 @@ def three_ways(be, ids: list[int], ref: np.ndarray) -> tuple[dict[str, float], n
     chunks = np.array([be.prefill(np.array(ids[:cut], np.int64)), be.prefill(np.array(ids[cut:], np.int64))])
     return {what: float(np.max(np.abs(got - want))) for what, got, want in (
         ("stepped", stepped, ref), ("whole", whole, ref[-1]), ("chunks", chunks, ref[[cut - 1, -1]]))}, stepped
+
+
+def agree_until_a_near_tie(ref, got, noise: float) -> None:
+    """Greedy replies of two runs whose logits differ by float noise: the same tokens up to the
+    first step where they differ, whose top two in `ref` are then within `noise`."""
+    assert ref.tokens
+    for i, (x, y) in enumerate(zip(ref.tokens, got.tokens)):
+        if x != y:
+            best = sorted((lp for _, lp in ref.logprobs[i][2]), reverse=True)
+            assert best[0] - best[1] <= noise, (i, best)
+            return
+    assert ref.tokens == got.tokens
