@@ -171,3 +171,19 @@ def test_the_gguf_embedder_runs_no_openmp_team_of_its_own(bundle_int4):
         runner = rt.embeddings._runner
         contexts = list(runner._ctx.values())
         assert contexts and all(rt.backend._L.llama_n_threads(c) == 1 for c in contexts)
+
+
+def test_onnx_thread_counts_change_no_logit(bundle_int4):
+    """ONNX Runtime's sessions of 1 and 2 threads (the lean and the full one) give the same
+    logits bit for bit, so a forward may run on either."""
+    from prefix_edge.runtime.engines.onnx.engine import OnnxBackend
+
+    ids = np.arange(5, 60, dtype=np.int64)
+    out = {}
+    for n in (1, 2):
+        be = OnnxBackend(bundle_int4 / "onnx" / "model.onnx", threads=n, n_ctx=256)
+        be.begin(None)
+        out[n] = [be.prefill(ids)] + [be.step(int(t)) for t in (7, 8, 9)]
+        be.close()
+    for a, b in zip(out[1], out[2]):
+        assert np.array_equal(a, b)
