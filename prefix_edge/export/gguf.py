@@ -178,6 +178,12 @@ def _reader(path: str, mtime_ns: int, size: int):
     return gguf.GGUFReader(path)
 
 
+def gguf_field(reader, name: str, default=None):
+    """A metadata value of a gguf-py reader (a list for an array), or `default` where absent."""
+    f = reader.get_field(name)
+    return default if f is None else f.contents()
+
+
 def file_type_name(path: Path) -> str:
     """The weight type a GGUF file declares (general.file_type), as llama.cpp names it: q4_1, f16..."""
     import gguf

@@ -47,17 +47,14 @@ class GgufSource:
 def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
     """Write `tokenizer_dir`/tokenizer.json for the GGUF at `model` and read what export needs."""
     from ..llamacpp.child import tokenize
-    from .gguf import gguf_reader
+    from .gguf import gguf_field, gguf_reader
     from .gguf_tokenizer import gguf_vocab_model, special_tokens, spm_tokenizer_json, write_faithful
 
     reader = gguf_reader(model)
 
-    def field(name, default=None):
-        f = reader.get_field(name)
-        if f is None:
-            return default
-        v = f.contents()
-        return v if not isinstance(v, list) else (max(v) if v and all(isinstance(x, (int, float)) for x in v) else v)
+    def field(name, default=None):  # a per-layer array (head counts): its largest value
+        v = gguf_field(reader, name, default)
+        return max(v) if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v) else v
 
     arch = field("general.architecture")
     if not arch:
@@ -68,8 +65,9 @@ def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
     tokenizer_dir.mkdir(parents=True, exist_ok=True)
     kind = gguf_vocab_model(model)
     specials = special_tokens(model)
+    _, attrs, eog = tokenize(model, [], model.name)  # llama.cpp's view of the vocabulary, once
     if kind == "llama":
-        (tokenizer_dir / "tokenizer.json").write_text(json.dumps(spm_tokenizer_json(model), ensure_ascii=False),
+        (tokenizer_dir / "tokenizer.json").write_text(json.dumps(spm_tokenizer_json(model, attrs), ensure_ascii=False),
                                                       encoding="utf-8")
     else:  # transformers' conversion of the vocabulary alone (no weights), then its pre-tokenizer
         import contextlib
@@ -93,7 +91,6 @@ def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
     for extra in tokenizer_dir.iterdir():  # the bundle's tokenizer is tokenizer.json alone
         if extra.name != "tokenizer.json":
             extra.unlink()
-    _, attrs, eog = tokenize(model, [], model.name)
     n_heads = int(field(f"{arch}.attention.head_count", 0) or 0)
     hidden = int(field(f"{arch}.embedding_length", 0) or 0)
     head_dim = int(field(f"{arch}.attention.key_length", 0) or 0) or (hidden // n_heads if n_heads else 0)

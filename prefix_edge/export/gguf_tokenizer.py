@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from ..errors import PrefixEdgeError
-from .gguf import gguf_reader, pre_tokenizer_spec
+from .gguf import gguf_field, gguf_reader, pre_tokenizer_spec
 
 SPACE = "\u2581"
 
@@ -52,16 +52,16 @@ def special_tokens(path: Path) -> dict[str, str]:
     return out
 
 
-def spm_tokenizer_json(path: Path) -> dict:
-    """tokenizer.json for the SPM vocabulary of the GGUF at `path` (BOS/EOS added as it says)."""
+def spm_tokenizer_json(path: Path, attrs: list[int] | None = None) -> dict:
+    """tokenizer.json for the SPM vocabulary of the GGUF at `path` (BOS/EOS added as it says);
+    `attrs`: llama.cpp's token attributes, where the caller has read them already."""
     from ..llamacpp.child import tokenize
     from ..llamacpp.vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, ATTR_USER_DEFINED
 
     reader = gguf_reader(path)
 
     def field(name, default=None):
-        f = reader.get_field(name)
-        return default if f is None else f.contents()
+        return gguf_field(reader, name, default)
 
     tokens = field("tokenizer.ggml.tokens")
     scores = field("tokenizer.ggml.scores")
@@ -70,7 +70,8 @@ def spm_tokenizer_json(path: Path) -> dict:
                               "which llama.cpp's tokenizer needs")
     # the tokens llama.cpp splits out of a text before its SPM merges, by the attributes it
     # gives them (the GGUF's types after its corrections: a NORMAL `<|im_end|>` is CONTROL)
-    _, attrs, _ = tokenize(path, [], path.name)
+    if attrs is None:
+        _, attrs, _ = tokenize(path, [], path.name)
     if len(attrs) != len(tokens):
         raise PrefixEdgeError(f"{path.name}: llama.cpp reads {len(attrs)} tokens, its vocabulary lists {len(tokens)}")
     vocab: dict[str, int] = {}

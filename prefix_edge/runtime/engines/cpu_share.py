@@ -97,12 +97,6 @@ class CpuShare:
             self.others = max(0.0, load - self.in_use)
             self._last = (now, 0, 0)
 
-    def free(self) -> float:
-        """CPUs free for this process's forwards now (others' use subtracted)."""
-        with self._lock:
-            self._update(time.monotonic())
-            return max(0.0, self.allowed - self.others)
-
     def choose(self, wanted: int) -> int:
         """Threads for one forward that wants `wanted`, given the machine now (no lease)."""
         with self._lock:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ....errors import PrefixEdgeError
+from .sessions import Sessions
 from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from ...kv import hf_rope_layout
 from ...prefix import Prefix
@@ -85,17 +86,10 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
-        self.background = bool(background)  # one thread, not spinning, on lowered threads
-        self.session, self.session_source = self._session(Path(model_path), device, threads, verify,
-                                                          model_sha256, spin=not self.background)
-        # adaptive (threads "auto"): while the CPUs are contended (cpu_share.py), forwards run on
-        # a lean session of the same model, made the first time: as many threads as were free
-        # then, none spinning (ORT's pool spins at every op's barrier: beside a busy loop the
-        # full session decoded 34 tok/s, one thread 69; spinning off costs 30% when idle, so
-        # the full session keeps it). Thread counts change no logit (tests/test_cpu_share.py).
-        self.adaptive = bool(adaptive) and device == "cpu" and bool(threads) and threads > 1
-        self._model_args = (Path(model_path), device, verify, model_sha256)
-        self._lean = None  # (session, threads)
+        # the full session, and while the CPUs are contended a lean one (sessions.py)
+        self._sessions = Sessions(Path(model_path), device, threads, verify, model_sha256,
+                                  adaptive=adaptive, background=background)
+        self.session, self.session_source = self._sessions.full, self._sessions.source
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
                                  key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
@@ -141,47 +135,6 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
         self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
-
-    @staticmethod
-    def _session(model_path: Path, device: str, threads: int | None, verify: str = "cached",
-                 model_sha256: str | None = None, spin: bool = True):
-        """An InferenceSession of the model and where it came from: "cache" / "saved" (this
-        machine's saved optimized, prepacked form of it: runtime/engines/onnx/ort_cache.py) or "model" (built
-        from the model; GPU, cache off or unusable). `model_sha256`: the model file's hash when
-        the caller has it (else looked up like bundle files); verify "full" re-hashes the cache
-        entry's files at this open."""
-        import onnxruntime as ort
-
-        from . import ort_cache
-
-        def options(optimize: bool):
-            opts = ort.SessionOptions()
-            opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                             else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-            if threads:
-                opts.intra_op_num_threads = threads
-                opts.inter_op_num_threads = 1
-            if not spin:  # the lean session: its pool's threads sleep at a barrier, never spin
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-            return opts
-
-        providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
-        if device == "cpu" and ort_cache.enabled():
-            if model_sha256 is None:
-                from ....bundle.verify import file_hashes
-
-                try:
-                    model_sha256 = file_hashes(model_path.parent, [model_path.name])[model_path.name]
-                except PrefixEdgeError:
-                    pass  # a missing file: the plain open below says so
-            got = ort_cache.session(model_path, options, providers, model_sha256, verify) if model_sha256 else None
-            if got is not None:
-                return got
-        try:
-            return ort_cache.new_session(model_path, options(True), providers), "model"
-        except Exception as e:  # ORT raises its own types; give one line
-            raise PrefixEdgeError(f"cannot load ONNX model {model_path}: {str(e).splitlines()[0]}") from None
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
@@ -463,38 +416,11 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         return np.array(out[0].numpy()[0, -rows:], dtype=np.float32), buf
 
     def running(self):
-        """The session a forward runs on now, held (a context manager): the full one, or,
-        adaptive and contended, the lean one."""
-        from contextlib import contextmanager
-
-        @contextmanager
-        def held():
-            if self.background:
-                from ..cpu_share import lower_this_thread
-
-                lower_this_thread()
-            if not self.adaptive or self.session is None:
-                yield self.session
-                return
-            from ..cpu_share import cpu_share
-
-            with cpu_share().lease(self.threads) as n:
-                yield self.session if n >= self.threads else self._lean_session(n)
-        return held()
-
-    def _lean_session(self, n: int):
-        if self._lean is None:
-            path, device, verify, sha = self._model_args
-            self._lean = (self._session(path, device, n, verify, sha, spin=False)[0], n)
-        return self._lean[0]
-
-    @property
-    def lean_threads(self) -> int | None:
-        """The lean session's threads once made (None: not made)."""
-        return self._lean[1] if self._lean is not None else None
+        """The session a forward runs on now, held (a context manager): sessions.py."""
+        return self._sessions.running()
 
     def close(self) -> None:
-        self._lean = None
+        self._sessions.close()
         self.session = None
         self.seqs = {}
         self.rec = {}
