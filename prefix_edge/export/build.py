@@ -191,6 +191,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from .gguf_source import adopt_engine_shape, read_gguf_source, takes_direct_path
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
+    from .tokenizer_check import check_bundle_tokenizer
 
     work = root / "_work"
     work.mkdir()
@@ -252,7 +253,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):
             del backends["gguf"]
             shutil.rmtree(root / layout.model_dir("gguf"))
-    tokenizer_check = _check_tokenizer(model, root, backends, rt_tok, rendered, st)
+    tokenizer_check = check_bundle_tokenizer(model, root, backends, rt_tok, rendered, st)
     from .fidelity import probe_ids, reference
 
     text_ids = [list(v)[-256:] for k, v in ids.items() if len(v) and k not in adapters][:1]
@@ -319,30 +320,6 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         for task, entry in baked.items():
             manifest.tasks[task].prefixes[name] = entry
     return manifest
-
-
-def _check_tokenizer(model: Path, root: Path, backends: dict, rt_tok, rendered: dict, st) -> dict | None:
-    """A GGUF source's vocabulary is the model's own: the bundle's tokenizer must split text as
-    llama.cpp's tokenizer of it does (export/tokenizer_check.py), or no bundle is written. An HF
-    source's tokenizer.json is the model's own; the GGUF llama.cpp's converter made of it is
-    held to it too, and a difference is a warning (the runtime tokenizes with tokenizer.json on
-    both engines, but the GGUF file would split text otherwise in llama.cpp's own tools)."""
-    from .tokenizer_check import check_against_llama
-
-    prefixes = {n: r.prefix_text for n, r in rendered.items()}
-    if model.suffix == ".gguf":
-        ref = root / layout.MODEL_FILE["gguf"] if "gguf" in backends else model
-        with st.stage("tokenizer vs llama.cpp's"):
-            return check_against_llama(rt_tok, ref, prefixes, model.name)
-    if "gguf" not in backends:
-        return None
-    with st.stage("tokenizer vs llama.cpp's"):
-        try:
-            return check_against_llama(rt_tok, root / layout.MODEL_FILE["gguf"], prefixes,
-                                       "the converted GGUF")
-        except PrefixEdgeError as e:
-            st.warn(str(e).replace("so no bundle is written", "the bundle uses tokenizer.json"))
-            return {"checked_against": "llama.cpp", "differs": str(e)}
 
 
 def _plan_compression(hf_dir: Path, info, tok, rt_tok, ids: dict, adapters: dict, ratio, st,

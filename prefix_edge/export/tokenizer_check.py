@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..bundle import layout
 from ..errors import PrefixEdgeError
 
 CORPUS = (
@@ -94,3 +95,25 @@ def _ids(ids: list[int], k: int) -> str:
     lo = max(0, k - 1)
     return "[" + ("…, " if lo else "") + ", ".join(map(str, ids[lo:lo + 6])) + \
         (", …]" if lo + 6 < len(ids) else "]")
+
+
+def check_bundle_tokenizer(model: Path, root: Path, backends: dict, rt_tok, rendered: dict, st) -> dict | None:
+    """A GGUF source's vocabulary is the model's own: the bundle's tokenizer must split text as
+    llama.cpp's tokenizer of it does (export/tokenizer_check.py), or no bundle is written. An HF
+    source's tokenizer.json is the model's own; the GGUF llama.cpp's converter made of it is
+    held to it too, and a difference is a warning (the runtime tokenizes with tokenizer.json on
+    both engines, but the GGUF file would split text otherwise in llama.cpp's own tools)."""
+    prefixes = {n: r.prefix_text for n, r in rendered.items()}
+    if model.suffix == ".gguf":
+        ref = root / layout.MODEL_FILE["gguf"] if "gguf" in backends else model
+        with st.stage("tokenizer vs llama.cpp's"):
+            return check_against_llama(rt_tok, ref, prefixes, model.name)
+    if "gguf" not in backends:
+        return None
+    with st.stage("tokenizer vs llama.cpp's"):
+        try:
+            return check_against_llama(rt_tok, root / layout.MODEL_FILE["gguf"], prefixes,
+                                       "the converted GGUF")
+        except PrefixEdgeError as e:
+            st.warn(str(e).replace("so no bundle is written", "the bundle uses tokenizer.json"))
+            return {"checked_against": "llama.cpp", "differs": str(e)}
