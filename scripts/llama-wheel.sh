@@ -17,8 +17,9 @@
 # The cross build (an x86-64 Linux host, a linux_aarch64 wheel) uses Debian's gcc-aarch64-linux-gnu /
 # g++-aarch64-linux-gnu (installed with apt-get when run as root and missing), a CMake toolchain file
 # and the same portable flags and key as a native arm64 build, so both land in the same wheelhouse.
-# The libraries carry an $ORIGIN RUNPATH (they find each other in llama_cpp/lib/); at run time they
-# need libgomp1 and libstdc++6, which every Debian/Ubuntu arm64 system has or gets with apt.
+# The libraries carry an $ORIGIN RUNPATH (they find each other in llama_cpp/lib/). ggml links GNU
+# OpenMP: the wheel carries libgomp.so.1 there too (carry_libgomp), so a minimal OS image without
+# libgomp1 runs it; libstdc++6 (which apt itself needs) is the one library left to the system.
 #
 # The wheel is built from llama-cpp-python's source distribution, which carries llama.cpp's own
 # HF -> GGUF converter of the same llama.cpp version (vendor/llama.cpp/convert_hf_to_gguf.py,
@@ -111,6 +112,61 @@ if not sys.argv[1].endswith("-linux_aarch64.whl"):  # scikit-build-core tags fro
 PYCHECK
 }
 
+carry_libgomp() {  # $1: the wheel, $2: the compiler that built it; libgomp.so.1 into llama_cpp/lib/
+    # ggml's CPU backend links GNU OpenMP; a minimal OS image (a device's, a container's) has no
+    # libgomp1, and the import then fails. The wheel carries the compiler's own copy next to the
+    # libraries (their RUNPATH is $ORIGIN), with its licence (GPL-3 with the GCC Runtime Library
+    # Exception, which allows this). Measured: this build decodes faster than one without OpenMP
+    # on ggml's own thread pool (docs/contention.md). Idempotent; nothing to do for a build
+    # without OpenMP (macOS).
+    local lib
+    lib="$("$2" -print-file-name=libgomp.so.1 2>/dev/null || true)"
+    "$PY" - "$1" "$lib" <<'PYCARRY'
+import base64, hashlib, os, sys, zipfile
+wheel, lib = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    names = z.namelist()  # scikit-build-core puts the libraries in llama_cpp/lib/ and lib/
+    libdirs = [n.rsplit("/", 1)[0] for n in names if n.endswith("/libggml-cpu.so")
+               and f"{n.rsplit('/', 1)[0]}/libgomp.so.1" not in names and b"libgomp.so.1" in z.read(n)]
+    if not libdirs:
+        sys.exit(0)
+    items = [(i, z.read(i)) for i in z.infolist()]
+if not os.path.isabs(lib) or not os.path.isfile(lib):
+    sys.exit(f"llama-wheel: the build links libgomp.so.1 but the compiler does not say where it is ({lib!r})")
+with open(lib, "rb") as f:
+    gomp = f.read()
+notice = b"libgomp.so.1, copied from the compiler that built this wheel (GCC).\n"
+for doc in ("/usr/share/doc/libgomp1/copyright", "/usr/share/doc/libgomp1-arm64-cross/copyright"):
+    if os.path.isfile(doc):
+        with open(doc, "rb") as f:
+            notice += b"\n" + f.read()
+        break
+else:
+    notice += b"GPL-3.0-or-later WITH GCC-exception-3.1 (the GCC Runtime Library Exception)\n"
+added = {f"{d}/{n}": data for d in libdirs for n, data in (("libgomp.so.1", gomp), ("libgomp.so.1.LICENSE", notice))}
+def line(name, data):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+tmp = wheel + ".tmp"
+with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+    for info, data in items:
+        if info.filename.endswith(".dist-info/RECORD"):
+            record = info.filename
+            rows = data.decode().splitlines()
+            rows = [r for r in rows if not r.startswith(record + ",")]
+            rows += [line(n, d) for n, d in added.items()] + [f"{record},,"]
+            continue
+        out.writestr(info, data)
+    for n, d in added.items():
+        zi = zipfile.ZipInfo(n, date_time=(2026, 1, 1, 0, 0, 0))
+        zi.external_attr = 0o100755 << 16
+        out.writestr(zi, d, zipfile.ZIP_DEFLATED)
+    out.writestr(record, "\n".join(rows) + "\n")
+os.replace(tmp, wheel)
+print(f"llama-wheel: carried {lib} ({len(gomp)} bytes) into the wheel's {', '.join(libdirs)}", file=sys.stderr)
+PYCARRY
+}
+
 fetch_sdist() {  # $1: a directory; prints the sdist's path
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$1" >&2
     ls "$1"/llama_cpp_python-"$VERSION".tar.gz
@@ -159,6 +215,9 @@ elif [[ ! -f "$HOUSE/llama.cpp/convert_hf_to_gguf.py" ]]; then  # a wheelhouse f
     trap - EXIT
 fi
 WHEEL="$(wheel_path)"
+if [[ "$ARCH" == "aarch64" && "$(uname -m)" != "aarch64" ]]; then carry_libgomp "$WHEEL" aarch64-linux-gnu-gcc
+elif [[ "$(uname -s)" == "Linux" ]]; then carry_libgomp "$WHEEL" "${CC:-gcc}"
+fi
 if [[ "${1:-}" == "--build" ]]; then
     echo "$WHEEL"
     exit 0

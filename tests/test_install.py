@@ -53,6 +53,44 @@ def test_llama_build_is_portable():
                 assert "zmm" not in dis and "tileloadd" not in dis, lib
 
 
+def test_llama_build_carries_its_openmp_runtime(tmp_path, bundle_int4):
+    """ggml links GNU OpenMP; the portable wheel carries libgomp.so.1 beside its libraries
+    (scripts/llama-wheel.sh carry_libgomp), so a minimal OS image without libgomp1 runs it: the
+    process maps the wheel's copy, never the system's, and (where this test may make a mount
+    namespace) `run --backend gguf` gives the same tokens with every system libgomp hidden."""
+    from prefix_edge.llamacpp.probe import library_files
+
+    libs = library_files()
+    if not libs or platform.system() != "Linux":
+        pytest.skip("llama-cpp-python is not installed (or not on Linux)")
+    cpu = next(lib for lib in libs if lib.name.startswith("libggml-cpu"))
+    if b"libgomp.so.1" not in cpu.read_bytes():
+        pytest.skip("this llama.cpp build has no OpenMP")
+    carried = cpu.parent / "libgomp.so.1"
+    assert carried.is_file(), f"{cpu.parent} has no libgomp.so.1: reinstall with scripts/llama-wheel.sh"
+    code = "import llama_cpp; print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == repr([str(carried.resolve())]), p.stdout
+
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    listed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout.splitlines()
+    system = sorted({str(Path(l.split(" => ")[-1]).resolve()) for l in listed if "libgomp.so.1 " in l})
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None or not system:
+        return  # the mapping above is the whole check here
+    ref = run_json("--bundle", bundle_int4, "--backend", "gguf", "--task", "support", INPUTS[0])
+    hide = " && ".join(f"mount --bind /dev/null {s}" for s in system)
+    args = " ".join(f"'{a}'" for a in ("run", "--json", "--bundle", str(bundle_int4), "--backend", "gguf",
+                                         "--task", "support", INPUTS[0]))
+    p = subprocess.run([unshare, "-m", "sh", "-c", f"{hide} && exec '{sys.executable}' -m prefix_edge {args}"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **_probe_env(tmp_path)})
+    if p.returncode != 0 and "unshare" in p.stderr:
+        return  # no mount namespace in this container: the mapping above is the whole check
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout)["tokens"] == ref["tokens"]
+
+
 def test_doctor_reports_both_backends(tmp_path, bundle_int4):
     p = cli("doctor", "--bundle", bundle_int4, "--json", env=_probe_env(tmp_path))
     assert p.returncode == 0, p.stderr.decode()

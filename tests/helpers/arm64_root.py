@@ -21,7 +21,8 @@ from pathlib import Path
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-DEBS = ("python3", "python3-venv", "libgomp1", "ca-certificates")
+# no libgomp1: the portable llama.cpp wheel carries its own (scripts/llama-wheel.sh carry_libgomp)
+DEBS = ("python3", "python3-venv", "ca-certificates")
 # host command -> the Debian package that has it
 HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "arch-test": "arch-test",
               "qemu-aarch64-static": "qemu-user-static", "update-binfmts": "binfmt-support"}
