@@ -114,3 +114,66 @@ def test_engines_from_a_bundle_keep_the_contract(bundle_int4, backend, shared_kv
         assert be.forward([(request, 3, np.array([4], np.int64))])[0].shape == (be.n_vocab,)
     finally:
         be.close()
+
+
+# What code outside runtime/engines/ still reads of an engine beyond the protocol, and why (issue
+# 48's remainder). The scan below must find exactly these: a new undeclared read fails, and so
+# does an entry here that the code no longer needs (the list only shrinks).
+UNDECLARED = {
+    ("bench/concurrency.py", "ctx"): "counts llama.cpp's used KV cells through its raw context",
+    ("bench/concurrency.py", "bytes_per_cell"): "llama.cpp's cell size, for the same table",
+    ("bench/concurrency.py", "kv_bytes"): "the ONNX engine's request buffers, for the same table",
+    ("export/bake.py", "past_names"): "the ONNX soft-prompt runner runs an edited copy of the graph",
+    ("export/bake.py", "kv_dtype"): "the ONNX soft-prompt runner runs an edited copy of the graph",
+    ("export/bake.py", "state_names"): "the ONNX soft-prompt runner runs an edited copy of the graph",
+    ("export/bake.py", "state_shapes"): "the ONNX soft-prompt runner runs an edited copy of the graph",
+}
+# bench/ and cli/ name backends on purpose: each engine against its own peer (llama-cpp-python,
+# optimum), doctor's lines per library
+PEER_ROOMS = ("bench/", "cli/")
+RECEIVERS = {"be", "backend", "engine"}  # the names an engine goes by outside runtime/engines/
+NOT_ENGINE = set(dir(str)) | set(dir(dict))  # `backend` is also a backend's name, `engine` a dict of its info
+
+
+def engine_reads() -> tuple[set[tuple[str, str]], list[str]]:
+    """(file, member) of every read of an engine member the protocol does not declare, and
+    every comparison of an engine's name with a backend's, in prefix_edge/ outside
+    runtime/engines/ (the engines' own folder, where each knows itself; branches also outside
+    PEER_ROOMS)."""
+    from pathlib import Path
+
+    from prefix_edge.bundle import BACKENDS
+    from prefix_edge.runtime.engines.protocol import OneSequence
+
+    attrs, calls = declared()
+    known = attrs | calls | {n for n in vars(OneSequence) if not n.startswith("_")}
+    root = Path(__file__).resolve().parent.parent / "prefix_edge"
+    reads, branches = set(), []
+
+    def receiver(node) -> str | None:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root).as_posix()
+        if rel.startswith("runtime/engines/"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.Attribute) and receiver(node.value) in RECEIVERS
+                    and node.attr not in known and node.attr not in NOT_ENGINE):
+                reads.add((rel, node.attr))
+            if isinstance(node, ast.Compare) and not rel.startswith(PEER_ROOMS):
+                sides = [node.left, *node.comparators]
+                named = any((isinstance(s, ast.Attribute) and s.attr == "name" and receiver(s.value) in RECEIVERS)
+                            or (isinstance(s, ast.Name) and s.id in RECEIVERS | {"name"}) for s in sides)
+                if named and any(isinstance(s, ast.Constant) and s.value in BACKENDS for s in sides):
+                    branches.append(f"{rel}:{node.lineno}")
+    return reads, branches
+
+
+def test_nothing_outside_the_engines_reads_an_undeclared_member():
+    """The protocol is the whole contract in fact: outside runtime/engines/ no code branches
+    on an engine's name, and every engine member it reads is declared (but UNDECLARED's)."""
+    reads, branches = engine_reads()
+    assert branches == [], f"branches on an engine's name: {branches}"
+    assert sorted(reads - set(UNDECLARED)) == [], "reads of members the protocol does not declare"
+    assert sorted(set(UNDECLARED) - reads) == [], "UNDECLARED lists reads the code no longer makes"

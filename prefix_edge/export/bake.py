@@ -59,7 +59,7 @@ def prefix_ids(tokenizer, rendered: RenderedTask, name: str, n_ctx: int,
 
 def check_geometry(be, manifest: Manifest) -> None:
     m = manifest.model
-    layers = getattr(be, "model_layers", be.n_layers)  # a hybrid's recurrent layers too
+    layers = be.model_layers  # a hybrid's recurrent layers too
     if (layers, be.n_kv_heads, be.head_dim) != (m.n_layers, m.n_kv_heads, m.head_dim):
         raise PrefixEdgeError(
             f"the {be.name} model has {layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
@@ -68,10 +68,10 @@ def check_geometry(be, manifest: Manifest) -> None:
 
 def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, advance,
          adapters: dict | None = None, model_path: Path | None = None,
-         store: str | None = None, compression=None) -> dict[str, TaskPrefixFile]:
-    """Bake every task's prefix through backend `be` (the deployed model at `model_path`);
-    `adapters` maps peft tasks to their export.peft.Adapter; `store` is how an onnx prefix
-    stores its KV (bundle.prefixfile.KV_STORES; None: the graph's own dtype); `compression`:
+         compression=None) -> dict[str, TaskPrefixFile]:
+    """Bake every task's prefix through backend `be` (the deployed model at `model_path`; its
+    files written as the engine was opened to, e.g. an onnx prefix's KV store);
+    `adapters` maps peft tasks to their export.peft.Adapter; `compression`:
     (plans {task: export.compress.Plan}, the model's inv_freq, its RoPE layers), a compressed
     task's whole prefix prefilled and then reduced (export/compress.py). Fills in the backend's
     KV dtype, state facts and fingerprint in `manifest`. Returns {task: file entry}."""
@@ -102,9 +102,11 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
             rel = layout.prefix_file(name, be.name)
             plan = compression[0].get(name) if compression else None
             if plan is None:
-                be.save_prefix(root / rel, np.array(ids, np.int64), meta, **({"store": store} if store else {}))
-            else:
-                _save_compressed(be, root / rel, plan, compression[1], compression[2], meta, store)
+                be.save_prefix(root / rel, np.array(ids, np.int64), meta)
+            else:  # the whole prefix prefilled, then reduced (export/compress.py)
+                from .compress import compressed_kv
+
+                be.write_snapshot(root / rel, compressed_kv(be, plan, compression[1], compression[2]), meta)
             (root / rel).chmod(0o644)  # safetensors creates 0600 files; a bundle is meant to be shared
             out[name] = TaskPrefixFile(file=rel, sha256=sha256_file(root / rel),
                                        bytes=(root / rel).stat().st_size, fingerprint=info.fingerprint)
@@ -114,92 +116,51 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
     return out
 
 
-def _save_compressed(be, path: Path, plan, inv_freq, rope_on, meta: dict, store: str | None) -> None:
-    """Write the current sequence, reduced to `plan`'s kept tokens, as the task's prefix file."""
-    from .compress import compressed_kv
-
-    prefix = compressed_kv(be, plan, inv_freq, rope_on)
-    if be.name == "onnx":
-        from ..runtime.engines.onnx.prefix_files import write_prefix
-
-        write_prefix(path, prefix.ids, dict(zip(be.past_names, prefix.kv)), meta, store or "f32")
-    else:
-        from ..runtime.engines.llama.prefix_files import write_prefix
-
-        write_prefix(path, prefix.ids, prefix.kv, meta, be.kv_type, be.expected_state())
-
-
 def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:
     """Reset `be` to a sequence holding the adapter's V virtual positions."""
     from .peft import adapter_kv
 
     if adapter.is_kv:
         be.begin(kv_prefix(be, *adapter_kv(adapter, m), m))
-    elif be.name == "gguf":
+    elif be.takes_embeddings:
         be.begin(None)
         be.prefill_embeddings(adapter.embeddings)
-    elif be.name == "onnx":
+    else:  # a graph that takes token ids only: an edited copy of it runs the soft prompt
         kv = soft.runner().kv(adapter.embeddings)
         be.begin(Prefix(np.zeros(0, np.int64), kv, {}, sum(t.nbytes for t in kv),
                         n_virtual=adapter.n_virtual))
-    else:
-        raise PrefixEdgeError(f"no soft-prompt route for the {be.name} backend")
 
 
 def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo) -> Prefix:
-    """A Prefix of V virtual positions for backend `be` from per-layer HF-layout K and V
-    ([n_kv_heads, V, head_dim] each, keys un-rotated as PEFT uses them) of model `m`."""
+    """A Prefix of V virtual positions for engine `be` from per-layer HF-layout K and V
+    ([n_kv_heads, V, head_dim] each, keys un-rotated as PEFT uses them) of model `m`, made by
+    the engine (prefix_of) from the KV as data; what only the checkpoint knows is said here: how
+    its keys pair their rotated dims, which layers slide, which hold no KV of their own."""
     from .peft import hf_keys_to_llama_cpp
+    from ..runtime.kv import KvLayers, hf_rope_layout
 
     V = keys[0].shape[1]
-    empty = np.zeros(0, np.int64)
-    if getattr(be, "recurrent_layers", 0):
+    lay = be.state_layout
+    if lay.recurrent_layers:
         raise PrefixEdgeError(f"a prefix-tuning adapter sets each layer's KV; this model's "
-                              f"{be.recurrent_layers} recurrent layers keep a state, not a KV, so "
+                              f"{lay.recurrent_layers} recurrent layers keep a state, not a KV, so "
                               "prefix tuning cannot apply to it (prompt tuning can)")
-    if be.name == "onnx":
-        named = {}
-        for l, (k, v) in enumerate(zip(keys, values)):
-            named[f"past_key_values.{l}.key"] = np.ascontiguousarray(k[None], dtype=be.kv_dtype)
-            named[f"past_key_values.{l}.value"] = np.ascontiguousarray(v[None], dtype=be.kv_dtype)
-        kv = [named[n] for n in be.past_names]
-        return Prefix(empty, kv, {}, sum(t.nbytes for t in kv), n_virtual=V)
-    if be.name == "gguf":
-        from ..llamacpp.seqstate_write import build_seq_state
-
-        from ..runtime.kv import hf_rope_layout
-
-        hf = hf_rope_layout(m)  # PEFT's keys pair their dims as the HF model's rotary does
-        if (hf, be.rope_layout) == ("halves", "adjacent"):  # llama.cpp's converter permuted q/k
-            keys = [hf_keys_to_llama_cpp(k) for k in keys]
-        elif be.rope_layout != hf:
-            raise PrefixEdgeError(f"the GGUF model uses {be.rope_layout}: prefix-edge does not know "
-                                  "its key layout, so it cannot inject a prefix-tuning KV")
-
-        def rows(a: np.ndarray) -> np.ndarray:  # [n_kv, V, d] -> [V, n_kv * d], F16 cells
-            return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(V, -1), dtype=np.float16)
-
-        from ..llamacpp.lib import KV_TYPES
-
-        lay = be.state_layout
-        held = lay.kv_layers + lay.window_layers
-        swa_layers = m.sliding_layers
-        if held < len(keys) and m.model_type.startswith("gemma3n"):
-            # Gemma 3n's KV-shared layers hold no KV (llama.cpp: the first n_layer_kv_from_start
-            # do); they read their source layer's, prefix included, as transformers does
-            keys, values = keys[:held], values[:held]
-            swa_layers = [i for i in swa_layers if i < held]
-        if be.n_swa and (len(swa_layers) != be.swa_n_layer or m.sliding_window != be.n_swa):
-            raise PrefixEdgeError(
-                f"the GGUF model keeps {be.swa_n_layer} sliding-window layers of {be.n_swa} positions, "
-                f"the checkpoint's config {len(swa_layers)} of {m.sliding_window}: cannot place "
-                "a prefix-tuning KV in its caches")
-        blob = build_seq_state([rows(k) for k in keys], [rows(v) for v in values], be.v_trans,
-                               kv_type=KV_TYPES[be.kv_type], rotation=be.kv_rotation,
-                               swa_layers=swa_layers if be.n_swa else (), window=be.n_swa)
-        state = np.frombuffer(blob, np.uint8)
-        return Prefix(empty, state, {}, state.nbytes, n_virtual=V)
-    raise PrefixEdgeError(f"no prefix-tuning route for the {be.name} backend")
+    hf = hf_rope_layout(m)  # PEFT's keys pair their dims as the HF model's rotary does
+    if (hf, be.rope_layout) == ("halves", "adjacent"):  # llama.cpp's converter permuted q/k
+        keys = [hf_keys_to_llama_cpp(k) for k in keys]
+    elif be.rope_layout != hf:
+        raise PrefixEdgeError(f"the {be.name} model uses {be.rope_layout}: prefix-edge does not know "
+                              "its key layout, so it cannot inject a prefix-tuning KV")
+    held = lay.kv_layers + lay.window_layers
+    sliding = list(m.sliding_layers)
+    if held < len(keys) and m.model_type.startswith("gemma3n"):
+        # Gemma 3n's KV-shared layers hold no KV (llama.cpp: the first n_layer_kv_from_start
+        # do); they read their source layer's, prefix included, as transformers does
+        keys, values = keys[:held], values[:held]
+        sliding = [i for i in sliding if i < held]
+    kv = KvLayers([k.transpose(1, 0, 2) for k in keys], [v.transpose(1, 0, 2) for v in values])
+    return be.prefix_of(kv, np.zeros(0, np.int64), n_virtual=V, sliding=tuple(sliding),
+                        window=int(m.sliding_window or 0) if sliding else 0)
 
 
 class _SoftPrompts:

@@ -209,5 +209,13 @@ def require_llama(model_path: Path | None) -> None:
         raise PrefixEdgeError(f"the gguf backend cannot run on this machine: {v.detail}")
 
 
+def unusable(model_path: Path | None) -> str | None:
+    """Why the installed llama.cpp cannot run here (the probe's one line), or None (also when
+    llama-cpp-python is not installed: that is said where it is imported)."""
+    model = model_path if model_path is not None and model_path.is_file() else None
+    v = llama_verdict(model)
+    return v.detail if v is not None and not v.ok else None
+
+
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)

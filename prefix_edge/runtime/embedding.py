@@ -65,9 +65,9 @@ class Embedder:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._runner = None  # engine-specific, made in the embedder's thread
+        self.offer = backend.embeddings(MAX_BATCH)  # what the engine offers (protocol.Embeddings)
+        self._runner = None  # the engine's Pooler, made in the embedder's thread
         self._text_tok = None
-        self._why: str | None = None  # unsupported(), once
         self._prompt_ids: tuple[list[int], list[int]] | None = None  # _wrap()
 
     # -- the caller's thread: inputs checked and tokenized ------------------------------------
@@ -162,7 +162,7 @@ class Embedder:
         texts and (llama.cpp) max_tokens tokens."""
         first = self._units[0][0].pooling
         batch, tokens, keep = [], 0, deque()
-        cap = MAX_BATCH if self.backend.name == "gguf" else 1
+        cap = self.offer.texts_per_run
         while self._units:
             job, i = unit = self._units.popleft()
             n = len(job.ids[i])
@@ -205,32 +205,16 @@ class Embedder:
                 _settle(job.future, np.stack(job.out))
 
     def _make_runner(self):
-        if self.backend.name == "gguf":
-            from .engines.llama.embedding import LlamaPooled
-
-            return LlamaPooled(self.backend, self.max_tokens, MAX_BATCH)
-        from .engines.onnx.embedding import OnnxHidden
-
-        return OnnxHidden(self.backend)
+        return self.offer.open(self.max_tokens)
 
     @property
     def dimensions(self) -> int:
         """The length of a vector: the model's hidden size (0: this runtime cannot embed)."""
-        be = self.backend
-        if be.name == "gguf":
-            return int(be.n_embd)
-        from .engines.onnx.embedding import HIDDEN_STATES
-
-        out = next((o for o in be.session.get_outputs() if o.name == HIDDEN_STATES), None)
-        return int(out.shape[-1]) if out is not None and isinstance(out.shape[-1], int) else 0
+        return self.offer.dimensions
 
     def unsupported(self) -> str | None:
         """Why this runtime cannot embed (an ONNX graph without hidden_states), or None."""
-        if self.backend.name == "onnx" and self._why is None:
-            from .engines.onnx.embedding import unsupported
-
-            self._why = unsupported(self.backend) or ""
-        return self._why or None
+        return self.offer.why_not
 
     def close(self) -> None:
         """End the thread (queued calls get RuntimeClosed) and free the native state; before

@@ -30,6 +30,10 @@ from ..errors import PrefixEdgeError
 # model types whose every attention layer rotates keys with one set of frequencies before
 # caching them (q/k norms, where they have them, come before the rotary)
 ROTATABLE = {"llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "olmo2", "ernie4_5", "gemma"}
+# a GGUF-only bundle's model_type is "gguf:ARCH" (llama.cpp's architecture names): the same
+# families, its rotary from the GGUF's metadata, used only once held to llama.cpp's own keys
+# at export (export/gguf_source.py check_rope: ModelInfo.rope["checked"])
+GGUF_ROTATABLE = {"llama", "qwen2", "qwen3", "phi3", "granite", "olmo2", "ernie4_5", "gemma"}
 SCALINGS = ("default", "linear", "llama3")
 INTERLEAVED = {"ernie4_5"}  # HF rotates (2i, 2i+1) pairs for these
 
@@ -83,15 +87,20 @@ class Rope:
     @classmethod
     def refusal(cls, model) -> str | None:
         """Why this model's cached keys cannot be moved to other positions (one line), or None."""
-        if model.sliding_layers:
+        gguf = model.model_type.startswith("gguf:")
+        if model.sliding_layers or (gguf and model.sliding_window):
             return "its sliding-window layers would see other tokens at the new positions"
-        if model.model_type not in ROTATABLE:
+        if (model.model_type.removeprefix("gguf:") not in GGUF_ROTATABLE) if gguf else (model.model_type not in ROTATABLE):
             return (f"moving its keys is not supported for {model.model_type!r} models (layers without "
                     "RoPE, a norm after the rotary, or not checked yet)")
         scaling = (model.rope or {}).get("scaling") or {}
         kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "?"
         if kind not in SCALINGS:
             return f"its RoPE scaling {kind!r} is not one whose keys can be re-rotated here"
+        if gguf and not (model.rope or {}).get("checked"):
+            return ("the rotary its GGUF's metadata gives did not match llama.cpp's own keys at export"
+                    if "checked" in (model.rope or {}) else
+                    "its rotary was not held to llama.cpp's own keys at export (re-export the bundle)")
         return None
 
     @classmethod

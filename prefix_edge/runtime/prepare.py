@@ -1,7 +1,7 @@
 """How a call becomes a scheduler Request (the Runtime's half that runs in the caller's thread):
 options resolved and checked, the input tokenized (a task's input wrapping, or a conversation
-rendered by the chat template: chat.py), the task's prefix loaded, and for a conversation the
-turn cache consulted (turn_cache.py) and told to keep this turn's KV. A bad request fails here,
+rendered by the chat template: chat/render.py), the task's prefix loaded, and the prompt cache
+consulted (cache/prompts.py) for the longest stored state the prompt starts with. A bad request fails here,
 at the call, before anything reaches the engine thread."""
 
 from __future__ import annotations

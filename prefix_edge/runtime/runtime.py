@@ -8,6 +8,7 @@ bad request fails at the call); sampling, stop strings and streaming run in the 
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,30 +36,22 @@ AUTO_ORDER = ("gguf", "onnx")
 RESIDENT_BYTES = 256 << 20   # llama.cpp shared_kv: byte budget of resident task prefixes (LRU)
 
 
-def _importable(backend: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec({"onnx": "onnxruntime", "gguf": "llama_cpp"}[backend]) is not None
-
-
 def choose_backend(bundle: Bundle, backend: str) -> str:
-    """auto: the faster engine the bundle has whose library is installed: gguf if llama.cpp runs
-    on this machine (probed once per build), else onnx."""
+    """auto: the first engine of AUTO_ORDER the bundle has whose library is installed and runs
+    on this machine (llama.cpp: probed once per build), warning when one is passed over."""
     if backend != "auto":
         if backend not in BACKENDS:
             raise PrefixEdgeError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
         return backend
-    backend = next((b for b in AUTO_ORDER if b in bundle.backends and _importable(b)),
-                   next(iter(bundle.backends), "onnx"))
-    if backend == "gguf" and "onnx" in bundle.backends and _importable("onnx"):
-        from ..llamacpp.probe import llama_verdict, warn
+    from .engines import installed, unusable
 
-        model = bundle.model_file("gguf")
-        v = llama_verdict(model if model.is_file() else None)
-        if v is not None and not v.ok:
-            warn(f"{v.detail}; using the onnx backend")
-            return "onnx"
-    return backend
+    candidates = [b for b in AUTO_ORDER if b in bundle.backends and installed(b)]
+    for i, name in enumerate(candidates[:-1]):
+        why = unusable(name, bundle.model_file(name))
+        if why is None:
+            return name
+        print(f"warning: {why}; using the {candidates[i + 1]} backend", file=sys.stderr, flush=True)
+    return candidates[-1] if candidates else next(iter(bundle.backends), "onnx")
 
 
 class Runtime:
@@ -152,7 +145,7 @@ class Runtime:
         may change with what else is in the cache (near-tie steps). prompt_cache_bytes:
         host memory for the KV of prompts already read, reused by any later request that starts
         with the same tokens: a conversation's next turn, the same documents or system prompt
-        again (prompt_cache.py; 0: off; turn_cache_bytes is its earlier name).
+        again (cache/prompts.py; 0: off; turn_cache_bytes is its earlier name).
         prompt_cache_disk_bytes: disk for the prompts that keep coming back (a hit at the same
         place prompt_cache_disk_hits times, over at least prompt_cache_disk_tokens input tokens),
         kept under the home directory so that a new runtime of this model starts warm
@@ -339,8 +332,7 @@ class Runtime:
                "task_prefixes": prefixes,
                "resident_prefixes": {"bytes": sum(r["bytes"] for r in s.resident_info().values()),
                                      "budget_bytes": s.residents.budget_bytes}}
-        if hasattr(self.backend, "spare_info"):
-            out["kv_spares"] = self.backend.spare_info()
+        out.update(self.backend.memory_info())
         return {k: {"bytes": v["bytes"], "budget_bytes": v["budget_bytes"]} for k, v in out.items()}
 
     def engine_info(self) -> dict:

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
 from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.engines.protocol import OneSequence, Opened, StateLayout, fit_prefix
+from prefix_edge.runtime.engines.protocol import Embeddings, OneSequence, Opened, StateLayout, fit_prefix
 from prefix_edge.runtime.kv import KvLayers
 from prefix_edge.runtime.prefix import Prefix
 
@@ -47,6 +47,7 @@ class FakeEngine(OneSequence):
     device = "cpu"
     threads = 1
     n_layers, n_kv_heads, head_dim, kv_dtype_name = 1, 1, 1, "int64"
+    model_layers = 1
     single_seq = -1
     kv_cells_total = None  # no cache of cells (as ONNX)
     rope_layout = "halves"  # the fake's "keys" are the ids: kv_of / prefix_of carry them as data
@@ -128,7 +129,8 @@ class FakeEngine(OneSequence):
         self.seqs.setdefault(seq, []).extend(int(t) for t in kv.k[0].reshape(-1))
         return len(self.seqs[seq])
 
-    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
         state = [int(t) for t in kv.k[0].reshape(-1)]
         return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
                       checked_by=self, pin=False)
@@ -187,3 +189,19 @@ class FakeEngine(OneSequence):
 
     def state_info(self) -> dict:
         return {"kind": "fake"}
+
+    def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
+        return file_bytes
+
+    def memory_info(self) -> dict[str, dict]:
+        return {}
+
+    takes_embeddings = False
+
+    def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray:
+        raise PrefixEdgeError("the fake engine takes token ids only")
+
+    def embeddings(self, max_batch: int) -> Embeddings:
+        def refuse(max_tokens: int):
+            raise PrefixEdgeError("the fake engine has no hidden states")
+        return Embeddings(0, "the fake engine has no hidden states", 1, refuse)

@@ -21,8 +21,7 @@ class PrefixCache:
         self.fingerprint = fingerprint
         self.capacity = max(0, capacity)
         self._lru: OrderedDict[str, Prefix] = OrderedDict()
-        bound = getattr(backend, "prefix_bytes", lambda n, b: b)
-        self.largest = max((bound(t.prefix_tokens, t.prefixes[backend.name].bytes)
+        self.largest = max((backend.prefix_bytes(t.prefix_tokens, t.prefixes[backend.name].bytes)
                             for t in self.manifest.tasks.values() if backend.name in t.prefixes), default=0)
 
     def get(self, task: str) -> tuple[Prefix, bool]:

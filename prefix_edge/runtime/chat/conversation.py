@@ -8,7 +8,7 @@
 
 Each turn is one request with messages = history + the new user message: the runtime renders
 it with the model's chat template and the turn cache resumes it after the previous turn's
-prompt (prompt_cache.py). A reply joins the history when its stream ends, with what it produced
+prompt (cache/prompts.py). A reply joins the history when its stream ends, with what it produced
 (also when cancelled or cut by max_tokens); a failed turn adds nothing. One turn at a time.
 
 A saved conversation is a prefix file (the bundle's codec, bundle/prefixfile.py): the KV of

@@ -16,7 +16,7 @@ apply_chat_template(messages, add_generation_prompt=True) renders it.
 
 Besides the ids, a prompt has *cuts*: where each earlier turn's prompt ended (just after its
 generation prompt) and where each message ends. Prefill chunks never cross one and the prompt
-cache (prompt_cache.py) keys by those chunks, so a prompt resumed from the cache computes what
+cache (cache/prompts.py) keys by those chunks, so a prompt resumed from the cache computes what
 a run without it computes.
 Control tokens come only from the template's own markup: message text, tool results, tool-call
 arguments, names and tool definitions that spell a special token (`<|im_end|>`...) are marked

@@ -30,7 +30,7 @@ probed with getattr; tests/test_engine_protocol.py checks both engines and the t
 
 OneSequence (below) is the single-sequence API, begin / prefill / step, over those same calls:
 export's baking, bench and the parity tests use it. Sampling, stop strings, detokenization,
-constraints and streaming live above this seam, once. engines.py maps a backend name to its
+constraints and streaming live above this seam, once. engines/__init__.py maps a backend name to its
 engine.
 """
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -83,6 +83,25 @@ class StateLayout:
         return self.window_layers == 0 and self.recurrent_layers == 0
 
 
+class Pooler(Protocol):
+    """An engine's embeddings runner (runtime/embedding.py): made, used and closed on the
+    embedder's own thread only."""
+
+    def pooled(self, batch: list[np.ndarray], pooling: str) -> list[np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """What an engine offers the runtime's embedder (Engine.embeddings)."""
+
+    dimensions: int                    # a vector's length (0: this engine cannot embed)
+    why_not: str | None                # the one line saying why it cannot, else None
+    texts_per_run: int                 # texts one pooled() call runs together
+    open: Callable[[int], Pooler]      # the most tokens of one run -> the runner (embedder's thread)
+
+
 @dataclass
 class Opened:
     """An engine from Engine.from_bundle, with what the scheduler needs to know of it."""
@@ -101,6 +120,7 @@ class Engine(Protocol):
     n_ctx: int           # positions one sequence may hold
     threads: int | None
     n_layers: int
+    model_layers: int    # every layer of the model, a hybrid's recurrent ones too
     n_kv_heads: int
     head_dim: int
     kv_dtype_name: str
@@ -131,6 +151,10 @@ class Engine(Protocol):
     verifies: bool
     # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/kv.py shift_keys).
     rope_layout: str
+    # prefill_embeddings runs here (input embeddings in place of tokens: a PEFT soft prompt).
+    # False: the model takes token ids only (the ONNX graph: export bakes a soft prompt through
+    # an edited copy of it, export/soft_prompt.py).
+    takes_embeddings: bool
 
     @classmethod
     def from_bundle(cls, bundle: "Bundle", model_hashes: dict[str, str], cfg: EngineConfig) -> Opened: ...
@@ -153,11 +177,17 @@ class Engine(Protocol):
     # -- KV as data (runtime/kv.py): every layer's K and V of a state's positions ---------------
     def kv_of(self, prefix: Prefix) -> "KvLayers": ...
 
-    def prefix_of(self, kv: "KvLayers", ids: np.ndarray, n_virtual: int = 0) -> Prefix: ...
+    # kv's layers in the model's order; `sliding`: which of them are sliding-window layers of
+    # `window` positions (an engine that keeps them apart, llama.cpp's iSWA cache, places them)
+    def prefix_of(self, kv: "KvLayers", ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix: ...
 
     def seq_extend(self, seq: int, kv: "KvLayers") -> int: ...  # append positions' KV as data
 
     def seq_reserve(self, seq: int, positions: int) -> None: ...  # room for that many, now
+
+    # -- the one-sequence API's extra (export's baking): float rows [n, hidden] at the position
+    def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray: ...
 
     # -- prefixes in and out ----------------------------------------------------------------
     def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix: ...
@@ -171,6 +201,13 @@ class Engine(Protocol):
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None: ...
 
     def state_info(self) -> dict: ...
+
+    def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int: ...  # host memory of a loaded prefix
+
+    def memory_info(self) -> dict[str, dict]: ...  # stores of its own: {name: {bytes, budget_bytes}}
+
+    # -- embeddings (runtime/embedding.py) ----------------------------------------------------
+    def embeddings(self, max_batch: int) -> Embeddings: ...
 
     def close(self) -> None: ...
 

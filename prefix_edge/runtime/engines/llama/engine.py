@@ -13,7 +13,7 @@ re-rotates cached keys).
 A hybrid model (LFM2, Granite 4.0-H, Falcon-H1) keeps, beside its attention layers' KV, one
 recurrent state per sequence (the state after its last token): a prefix, snapshot or prompt-cache
 entry holds both and a restore puts both back; such a state cannot be cut back to an earlier
-position (keeps_partial is False). Prefix files and the state layout: llama_prefix.py.
+position (keeps_partial is False). Prefix files and the state layout: prefix_files.py.
 
 Soft prompts (PEFT prompt / P-tuning) are decoded from embeddings: `prefill_embeddings` sends
 float rows through a `llama_batch` made with `llama_batch_init(n, n_embd, 1)` (no token ids).
@@ -28,7 +28,7 @@ import numpy as np
 
 from ....errors import PrefixEdgeError
 from ..cpu_share import cpu_share, lower_this_thread
-from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
+from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from .context import ContextSpec, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
@@ -92,6 +92,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_layers = int(L.llama_model_n_layer(self.model))
+        self.model_layers = self.n_layers  # llama.cpp counts a hybrid's recurrent layers in n_layer
         self.n_kv_heads = int(L.llama_model_n_head_kv(self.model))
         arch = self.meta("general.architecture") or "llama"
         key_len = self.meta(f"{arch}.attention.key_length")
@@ -157,7 +158,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
     @classmethod
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg: EngineConfig) -> Opened:
         """The bundle's GGUF model with a KV stream of its own per slot, made at what the
-        prefixes need and grown up to n_ctx cells as requests use them (llama_context.py; with
+        prefixes need and grown up to n_ctx cells as requests use them (context.py; with
         cfg.kv_cells: all of it up front), or with cfg.shared_kv one cache of kv_cells cells
         shared by every request and resident prefix (sequence 0 is then the one-sequence API's)."""
         from ..cpus import default_threads
@@ -383,6 +384,8 @@ class LlamaBackend(PrefixFiles, OneSequence):
         """The next position of `seq` (after its last stored cell)."""
         return int(self._L.llama_memory_seq_pos_max(self.mem, seq)) + 1
 
+    takes_embeddings = True
+
     def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray:
         """Append input embeddings (float rows [n, n_embd], e.g. a PEFT soft prompt) at the
         current position, as tokens would be; return the last row's logits."""
@@ -424,6 +427,19 @@ class LlamaBackend(PrefixFiles, OneSequence):
         if not ptr:
             raise PrefixEdgeError("llama.cpp returned no logits")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float32, copy=True)
+
+    def memory_info(self) -> dict[str, dict]:
+        """Nothing beyond what the runtime counts: the KV cells are the context's (resident
+        prefixes and requests), allocated once."""
+        return {}
+
+    def embeddings(self, max_batch: int) -> Embeddings:
+        """llama.cpp's embeddings mode on this model (embedding.py): up to `max_batch` texts in
+        one llama_decode."""
+        from .embedding import LlamaPooled
+
+        return Embeddings(int(self.n_embd), None, max_batch,
+                          lambda max_tokens: LlamaPooled(self, max_tokens, max_batch))
 
     def state_info(self) -> dict:
         """What restoring a prefix depends on beyond the model file (recorded in the manifest)."""

@@ -187,7 +187,7 @@ class PrefixFiles:
         return KvLayers([pick(k).reshape(n, nk, -1) for k in ks], [pick(v).reshape(n, nk, -1) for v in vs])
 
     def seq_reserve(self, seq: int, positions: int) -> None:
-        """Room for `positions` in every stream now (llama_context.py grow), not at a decode."""
+        """Room for `positions` in every stream now (context.py grow), not at a decode."""
         from .context import grow
 
         grow(self, positions)
@@ -201,15 +201,24 @@ class PrefixFiles:
         whole = kv if have is None else have.then(kv)
         return self.seq_restore(seq, self.prefix_of(whole, np.zeros(whole.n, np.int64)))
 
-    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
-        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
+        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here.
+        `sliding`/`window`: which of kv's layers are sliding-window layers, and their window (the
+        model's config): llama.cpp keeps those in a cache of their own (iSWA), the last
+        min(n, window) cells."""
         from ....llamacpp.seqstate_write import build_seq_state
 
+        if self.n_swa and (len(sliding) != self.swa_n_layer or window != self.n_swa):
+            raise PrefixEdgeError(
+                f"the GGUF model keeps {self.swa_n_layer} sliding-window layers of {self.n_swa} positions, "
+                f"the KV given {len(sliding)} of {window}: cannot place it in the model's caches")
         n = kv.n
         k = [np.ascontiguousarray(a, np.float16).reshape(n, -1) for a in kv.k]
         v = [np.ascontiguousarray(a, np.float16).reshape(n, -1) for a in kv.v]
         blob = np.frombuffer(build_seq_state(k, v, self.v_trans, kv_type=KV_TYPES[self.kv_type],
-                                             rotation=self.kv_rotation if self.kv_type != "f16" else 0),
+                                             rotation=self.kv_rotation if self.kv_type != "f16" else 0,
+                                             swa_layers=sliding if self.n_swa else (), window=self.n_swa),
                              np.uint8)  # read-only: llama.cpp only reads it
         return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual, checked_by=self)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ....errors import PrefixEdgeError
 from .sessions import Sessions
-from ..protocol import EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
+from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from ...kv import hf_rope_layout
 from ...prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
@@ -53,7 +53,6 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
     name = "onnx"
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
     n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
-    rope_layout = "halves"  # how cached keys pair their rotated dims (runtime/kv.py)
     kv_cells_total = None  # no cache of cells: a sequence's buffers grow with it (kv_bytes)
 
     @classmethod
@@ -70,13 +69,14 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         background = cfg.priority == "background"
         be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
                  n_ctx=ctx, verify=cfg.verify, model_sha256=model_hashes[rel],
-                 adaptive=cfg.threads is None and not background, background=background)
-        be.rope_layout = hf_rope_layout(bundle.manifest.model)
+                 adaptive=cfg.threads is None and not background, background=background,
+                 rope_layout=hf_rope_layout(bundle.manifest.model))
         return Opened(be, ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 2048, verify: str = "cached", model_sha256: str | None = None,
-                 adaptive: bool = False, background: bool = False):
+                 adaptive: bool = False, background: bool = False, prefix_store: str = "f32",
+                 rope_layout: str = "halves"):
         if device == "auto":
             device = "cuda" if "cuda" in available_devices() else "cpu"
         if device == "cuda" and "cuda" not in available_devices():
@@ -86,6 +86,8 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
+        self.prefix_store = prefix_store  # how save_prefix / write_snapshot store KV (prefixfile.KV_STORES)
+        self.rope_layout = rope_layout  # the HF model's (the graph is built from it): runtime/kv.py hf_rope_layout
         # the full session, and while the CPUs are contended a lean one (sessions.py)
         self._sessions = Sessions(Path(model_path), device, threads, verify, model_sha256,
                                   adaptive=adaptive, background=background)
@@ -210,6 +212,20 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         """Bytes of KV one position holds (every layer's key and value)."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * np.dtype(self.kv_dtype).itemsize
 
+    takes_embeddings = False  # the graph takes token ids (a soft prompt: export/soft_prompt.py)
+
+    def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray:
+        raise PrefixEdgeError("the onnx engine's graph takes token ids only (export bakes a soft "
+                              "prompt through an edited copy of it: export/soft_prompt.py)")
+
+    def embeddings(self, max_batch: int) -> Embeddings:
+        """The own graph's hidden_states output (embedding.py), one text per run."""
+        from .embedding import HIDDEN_STATES, OnnxHidden, unsupported
+
+        out = next((o for o in self.session.get_outputs() if o.name == HIDDEN_STATES), None)
+        dims = int(out.shape[-1]) if out is not None and isinstance(out.shape[-1], int) else 0
+        return Embeddings(dims, unsupported(self), 1, lambda max_tokens: OnnxHidden(self))
+
     def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
         """The most host memory a loaded prefix of n_tokens positions holds (its arrays, or
         the fused graph's home buffer of it)."""
@@ -220,11 +236,11 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         """Bytes of a sequence's recurrent states (a hybrid's; fixed, whatever its length)."""
         return sum(4 * int(np.prod(s)) for s in self.state_shapes)
 
-    def spare_info(self) -> dict:
-        """Freed KV buffers kept for reuse: their bytes and the bound (SPARE_BYTES, or
-        SPARE_BUFFERS whole contexts where that is less)."""
-        return {"bytes": sum(b.nbytes for b in list(self._spare)),
-                "budget_bytes": min(SPARE_BYTES, SPARE_BUFFERS * self.n_ctx * self.position_bytes())}
+    def memory_info(self) -> dict[str, dict]:
+        """kv_spares: freed KV buffers kept for reuse, their bytes and the bound (SPARE_BYTES,
+        or SPARE_BUFFERS whole contexts where that is less)."""
+        return {"kv_spares": {"bytes": sum(b.nbytes for b in list(self._spare)),
+                              "budget_bytes": min(SPARE_BYTES, SPARE_BUFFERS * self.n_ctx * self.position_bytes())}}
 
     def _buffer(self, capacity: int, most: int | None = None) -> "KvBuffer":
         """A KV buffer of at least `capacity` positions (and at most `most`: a prefix's home):

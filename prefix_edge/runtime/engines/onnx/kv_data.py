@@ -51,8 +51,11 @@ class KvData:
         self.seqs[seq] = (past, end)
         return end
 
-    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
-        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here."""
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
+        """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of), restorable here.
+        The own graph caches every position of every layer, sliding ones too: `sliding` and
+        `window` change nothing here."""
         arrays = []
         for k, v in zip(kv.k, kv.v):
             arrays += [np.ascontiguousarray(a.astype(self.kv_dtype, copy=False).transpose(1, 0, 2)[None])

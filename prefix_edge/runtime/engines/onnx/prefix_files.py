@@ -66,22 +66,21 @@ class PrefixFiles:
     def kv_dtype_name(self) -> str:
         return np.dtype(self.kv_dtype).name
 
-    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str],
-                    store: str = "f32") -> None:
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
         """Write the current sequence (a prefilled prefix) as a prefix file, its KV stored as
-        `store` (prefixfile.KV_STORES)."""
+        the engine's prefix_store (prefixfile.KV_STORES)."""
         past, pos = self.seqs[self.single_seq]
         if self.fused:
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [v if isinstance(v, np.ndarray) else v.numpy() for v in past]
-        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, store,
+        write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, self.prefix_store,
                      dict(zip(self.state_names, self.rec.get(self.single_seq, []))))
 
     def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
         n = len(self.past_names)
         write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv[:n])),
-                     {**metadata, "n_virtual": str(prefix.n_virtual)}, "f32",
+                     {**metadata, "n_virtual": str(prefix.n_virtual)}, self.prefix_store,
                      dict(zip(self.state_names, prefix.kv[n:])))
 
 

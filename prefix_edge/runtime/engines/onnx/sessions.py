@@ -4,7 +4,7 @@ contended a lean one.
 ONNX Runtime fixes a session's thread pool when it is made, and that pool spins at every op's
 barrier: beside a busy loop the full session decoded 34 tok/s where one thread decoded 69, and
 spinning off everywhere costs 30 % on an idle machine. So with threads "auto" (adaptive) a
-forward leases its threads from the process's CPU share (../cpu_share.py) and, when fewer are
+forward leases its threads from the process's CPU share (engines/cpu_share.py) and, when fewer are
 free than the full session runs, runs on a lean session of the same model: made the first time,
 with the threads free then, none spinning. Thread counts change no logit (tests/test_cpu_share.py).
 A background runtime's one session never spins, and its forwards run on lowered threads.
