@@ -16,6 +16,7 @@ place. Not exact by design, so what is asserted is what must hold anyway:
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -141,6 +142,54 @@ def test_the_document_cache_is_bounded_and_drops_composed_states_first():
 def _composed(rt, docs, k=32, **kw):
     return rt.generate(None, messages=ASK, documents=docs, max_tokens=8, compose_documents=True,
                        compose_recompute=k, logprobs=1, **kw)
+
+
+def _gguf_only(bundle: Path, out: Path):
+    """The bundle's GGUF exported on its own (`--format gguf` of a .gguf: no transformers, its
+    rotary from the file's metadata)."""
+    import shutil
+
+    from prefix_edge.export.build import export_bundle
+
+    out.mkdir()
+    shutil.copyfile(bundle / "gguf" / "model.gguf", out / "model.gguf")
+    (out / "tasks.toml").write_text('[task.support]\nsystem = "You are a helpful support assistant."\n')
+    return export_bundle(out / "model.gguf", out / "tasks.toml", out / "bundle", formats=("gguf",), progress=False)
+
+
+def test_a_gguf_only_bundle_composes_as_the_hf_config_bundle_of_the_same_file(bundle_int4, tmp_path):
+    """A GGUF-only bundle takes its rotary from the file's metadata, held at export to
+    llama.cpp's own layer-0 keys: the same file then composes documents exactly as the bundle
+    whose rotary came from the HF config; a rotary that says other than llama.cpp's keys is
+    refused in one line naming why, never composed with wrong rotations."""
+    manifest = _gguf_only(bundle_int4, tmp_path / "direct")
+    rope = manifest.model.rope
+    assert manifest.model.model_type.startswith("gguf:") and rope["checked"] and rope["check_error"] < 0.01, rope
+    hf = Bundle.open(bundle_int4).manifest.model.rope
+    assert rope["theta"] == float(hf["theta"])
+    assert np.allclose(Rope.of(manifest.model).inv_freq, Rope.of(Bundle.open(bundle_int4).manifest.model).inv_freq)
+    with Runtime.open(bundle_int4, backend="gguf") as ref, Runtime.open(tmp_path / "direct" / "bundle") as rt:
+        for docs in (DOCS, DOCS[::-1]):
+            _composed(ref, docs, k=4)
+            _composed(rt, docs, k=4)  # every document's KV in each cache, then moved
+            assert _composed(rt, docs[1:] + docs[:1], k=4).tokens == _composed(ref, docs[1:] + docs[:1], k=4).tokens
+
+    # llama.cpp computes its keys from the same metadata, so a GGUF agrees with itself; what
+    # the check catches is a rotary that says other than llama.cpp does (here: theta x 10)
+    import dataclasses
+
+    from prefix_edge.export.gguf_source import check_rope
+
+    wrong = dataclasses.replace(manifest.model, rope={"theta": rope["theta"] * 10, "scaling": None})
+    be = open_backend("gguf", tmp_path / "direct" / "model.gguf", threads=1, n_ctx=1024)
+    try:
+        check_rope(wrong, be)
+    finally:
+        be.close()
+    assert wrong.rope["checked"] is False and wrong.rope["check_error"] > 0.1, wrong.rope
+    assert "did not match llama.cpp's own keys" in Rope.refusal(wrong)
+    unchecked = dataclasses.replace(manifest.model, rope={"theta": rope["theta"], "scaling": None})
+    assert "was not held to llama.cpp's own keys" in Rope.refusal(unchecked)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

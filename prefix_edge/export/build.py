@@ -187,8 +187,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     from ..runtime.constraint import check_task_defaults
     from ..runtime.engines import open_backend
+    from ..runtime.kv import hf_rope_layout
     from .bake import bake, prefix_ids
-    from .gguf_source import adopt_engine_shape, read_gguf_source, takes_direct_path
+    from .gguf_source import adopt_engine_shape, check_rope, read_gguf_source, takes_direct_path
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
     from .tokenizer_check import check_bundle_tokenizer
@@ -301,14 +302,17 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
             model_file = next(f for f in backends[name].files if f.endswith("." + name))
-            be = open_backend(name, root / model_file, n_ctx=n_ctx,  # the hash keys ORT's session cache
-                              **({"kv_type": gguf_kv} if name == "gguf" else
-                                 {"model_sha256": backends[name].files[model_file]}))
+            options = {"gguf": {"kv_type": gguf_kv},  # the export's choices per engine (its flags)
+                       "onnx": {"model_sha256": backends[name].files[model_file],  # keys ORT's session cache
+                                "rope_layout": hf_rope_layout(manifest.model),  # the graph is the HF model's
+                                **({"prefix_store": prefix_store} if prefix_store else {})}}[name]
+            be = open_backend(name, root / model_file, n_ctx=n_ctx, **options)
             try:
                 if direct:
                     adopt_engine_shape(manifest.model, be)
+                    check_rope(manifest.model, be)
                 baked = bake(be, manifest, ids, root, advance, adapters, root / model_file,
-                             store=prefix_store if name == "onnx" else None, compression=compression)
+                             compression=compression)
                 result = measure(be, probes, ref) if ref is not None else None
             finally:
                 be.close()

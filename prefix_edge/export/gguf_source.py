@@ -14,9 +14,9 @@ What export needs of the model comes from the file and from llama.cpp itself:
 
 Not on this path (export then goes through transformers as before): PEFT tasks (their adapters
 are checked against the HF config), compressed prefixes (scored on the fp32 model), an ONNX
-format. Its manifest's `model_type` is `gguf:ARCH`: features that re-rotate cached keys (composed
-documents) ask the HF config's RoPE, which a GGUF does not fully carry, and refuse such a bundle
-in one line.
+format. Its manifest's `model_type` is `gguf:ARCH`, its rotary the GGUF's metadata (gguf_rope),
+held at export to llama.cpp's own cached keys (check_rope): features that re-rotate cached keys
+(composed documents) use it only where it passed, and refuse such a bundle in one line otherwise.
 """
 
 from __future__ import annotations
@@ -101,15 +101,66 @@ def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
         n_kv_heads=int(field(f"{arch}.attention.head_count_kv", n_heads) or 0), head_dim=head_dim,
         hidden_size=hidden, vocab_size=len(attrs),
         n_ctx=int(field(f"{arch}.context_length", 2048) or 2048),
-        rope={"theta": float(field(f"{arch}.rope.freq_base", 10000.0) or 10000.0), "scaling": None},
+        rope=gguf_rope(field, arch, head_dim, {t.name for t in reader.tensors}),
         eos_token_ids=sorted(set(eog)), source=model.name, sliding_layers=[], sliding_window=window)
     template = field("tokenizer.chat_template")
     return GgufSource(info, template if isinstance(template, str) else None, specials)
 
 
+def gguf_rope(field, arch: str, head_dim: int, tensors: set[str]) -> dict:
+    """The rotary as the GGUF's metadata says it (llama.cpp's keys: `{arch}.rope.*`), in the
+    manifest's terms (runtime/kv.py Rope): theta, the rotated share of a head, the scaling. A
+    per-dimension frequency table (`rope_freqs.weight`: Llama 3.1's scaling as llama.cpp's
+    converter writes it) is named as a scaling the runtime does not re-rotate by. check_rope
+    holds it to llama.cpp's own keys before anything moves a key by it."""
+    rope = {"theta": float(field(f"{arch}.rope.freq_base", 10000.0) or 10000.0), "scaling": None}
+    dims = int(field(f"{arch}.rope.dimension_count", 0) or 0)
+    if dims and head_dim and dims < head_dim:
+        rope["partial_rotary_factor"] = dims / head_dim
+    kind = field(f"{arch}.rope.scaling.type")
+    if isinstance(kind, str) and kind not in ("", "none"):
+        rope["scaling"] = {"rope_type": kind, "factor": float(field(f"{arch}.rope.scaling.factor", 1.0) or 1.0)}
+    if "rope_freqs.weight" in tensors:
+        rope["scaling"] = {"rope_type": "rope_freqs"}
+    return rope
+
+
 def adopt_engine_shape(info: ModelInfo, be) -> None:
     """The layer and KV-head counts as the engine that bakes reads them (a hybrid's recurrent
     layers, per-layer KV-head arrays: llama.cpp's own view, which the prefix states follow)."""
-    info.n_layers = int(getattr(be, "model_layers", be.n_layers))
+    info.n_layers = int(be.model_layers)
     info.n_kv_heads, info.head_dim = int(be.n_kv_heads), int(be.head_dim)
-    info.sliding_window = int(getattr(be, "n_swa", 0) or 0)
+    info.sliding_window = int(be.state_layout.window)
+
+
+ROPE_CHECK_AT = (1, 7, 63, 255, 511)  # positions a layer-0 key is moved to and compared at
+
+
+def check_rope(info: ModelInfo, be) -> None:
+    """Hold the GGUF's rotary (info.rope, gguf_rope) to llama.cpp's own cached keys, and record
+    the verdict as info.rope["checked"]: composed documents move keys (runtime/kv.py) only by a
+    rotary that passed. A layer-0 key depends on its token and position alone, so one token
+    repeated gives at each position p the key at 0 rotated by p: the key at 0 moved by
+    shift_keys must equal it (to the f16 cache's rounding)."""
+    import dataclasses
+
+    import numpy as np
+
+    from ..runtime.kv import Rope, shift_keys
+
+    trial = dataclasses.replace(info, rope={**(info.rope or {}), "checked": True})
+    if Rope.refusal(trial) is not None or not be.keeps_partial:
+        return  # keys of this model do not move anyway: nothing to check
+    n = min(max(ROPE_CHECK_AT) + 1, be.n_ctx - 1)
+    token = min(1000, be.n_vocab - 1)
+    ids = np.full(n, token, np.int64)
+    be.begin(None)
+    be.prefill(ids)
+    k = be.kv_of(be.seq_snapshot(be.single_seq, ids)).k[0].astype(np.float32)  # [n, kv_heads, head_dim]
+    inv = Rope.of(trial).inv_freq
+    worst = 0.0
+    for p in (p for p in ROPE_CHECK_AT if p < n):
+        moved = shift_keys(k[0], p, inv, be.rope_layout)
+        worst = max(worst, float(np.max(np.abs(moved - k[p])) / max(float(np.max(np.abs(k[p]))), 1e-6)))
+    be.begin(None)
+    info.rope = {**(info.rope or {}), "checked": worst <= 0.01, "check_error": round(worst, 5)}
