@@ -5,8 +5,8 @@ transformers) and run through the runtime:
 - Gemma 3 270M Q4_K_M (SentencePiece, window 512): a raw few-shot task answers as plain
   llama-cpp-python on the same file; a few-shot prefix past llama.cpp's sliding-window ring
   bakes and its replies equal the prefilled runs' up to a near tie;
-- Qwen2.5-Coder-1.5B-Instruct Q4_K_M (BPE qwen2, its own chat template): a system-prompt task's
-  replies baked == prefilled, a two-turn conversation == its cold replay, a JSON-schema answer
+- Qwen2.5-Coder-1.5B-Instruct Q4_K_M (BPE qwen2, its own chat template), GGUF-only and as ONNX
+  through transformers' de-quantization: a system-prompt task's replies baked == prefilled, a two-turn conversation == its cold replay, a JSON-schema answer
   that validates, a forced tool call that validates, embeddings of unit length that rank a
   paraphrase above an unrelated text."""
 
@@ -34,11 +34,11 @@ SQL = ("You write one SQLite query for the question, and nothing else. Tables: c
        "customers; 'Orders over 100' -> SELECT * FROM orders WHERE total > 100;")
 
 
-def _export(tmp, gguf, tasks: str):
+def _export(tmp, gguf, tasks: str, fmt: str = "gguf"):
     from prefix_edge.export.build import export_bundle
 
     (tmp / "tasks.toml").write_text(tasks, encoding="utf-8")
-    return export_bundle(gguf, tmp / "tasks.toml", tmp / "bundle", formats=("gguf",), progress=False)
+    return export_bundle(gguf, tmp / "tasks.toml", tmp / "bundle", formats=(fmt,), progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +78,20 @@ def test_gemma3_prefix_past_the_window(gemma):
             agree_until_a_near_tie(prefilled, baked, noise=0.1)
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+@pytest.fixture(scope="module", params=["gguf", "onnx"])
+def qwen(request, tmp_path_factory):
+    """The 1.5B model's bundle: GGUF-only (read and baked by llama.cpp), or ONNX through
+    transformers' de-quantization of the same file (the own graph, int4)."""
     gguf = fetch(QWEN25_CODER_1_5B)
-    tmp = tmp_path_factory.mktemp("qwen-1.5b")
-    _export(tmp, gguf, f"[task.sql]\nsystem = {json.dumps(SQL)}\nmax_tokens = 24\n")
-    return tmp / "bundle"
+    tmp = tmp_path_factory.mktemp(f"qwen-1.5b-{request.param}")
+    _export(tmp, gguf, f"[task.sql]\nsystem = {json.dumps(SQL)}\nmax_tokens = 24\n", request.param)
+    return tmp / "bundle", request.param
 
 
 def test_qwen_1_5b_baked_prefilled_chat_schema_tools_embeddings(qwen):
     jsonschema = pytest.importorskip("jsonschema")
-    with Runtime.open(qwen, backend="gguf") as rt:
+    bundle, backend = qwen
+    with Runtime.open(bundle, backend=backend) as rt:
         for q in ("How many orders?", "Customers in Lyon"):
             assert rt.generate("sql", q).tokens == rt.generate("sql", q, use_prefix_cache=False).tokens, q
         chat = rt.chat("sql")
