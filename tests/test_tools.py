@@ -6,6 +6,7 @@ an answer as a call, and the server's tool_calls (plain and streamed) through th
 from __future__ import annotations
 
 import json
+import random
 
 import httpx
 import pytest
@@ -62,6 +63,31 @@ def test_tool_aware_template_renders_as_transformers(tiny_model):
         "function"] == {"name": "order", "arguments": "{\"qty\": 2}"}
 
 
+def test_a_tool_results_prompt_does_not_carry_the_clients_random_call_ids(bundle_int4):
+    """OpenAI-shaped clients send no `name` on a tool message and make call ids at random: the
+    fallback prompt names the function the result answers (the matching call's), so the same
+    conversation with other ids is the same prompt, and its greedy answer the same; a result
+    whose id matches no call says `tool`."""
+    def history(ids):
+        return [{"role": "user", "content": "3 mugs"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": ids[0], "type": "function", "function": {"name": "order", "arguments": "{\"qty\": 3}"}}]},
+                {"role": "tool", "tool_call_id": ids[0], "content": "ordered"},
+                {"role": "tool", "tool_call_id": ids[1], "content": "late"}]
+
+    rng = random.Random(5)
+    runs = [[f"call_{rng.getrandbits(96):024x}" for _ in range(2)] for _ in range(3)]
+    with Runtime.open(bundle_int4, backend="gguf") as rt:
+        spec = check_tools(SMALL, "auto")
+        prompts = [rt.chat_input(None, history(ids), spec)[0] for ids in runs]
+        text = rt.tokenizer.decode(list(prompts[0]), skip_special_tokens=False)
+        assert "Tool result (order): ordered" in text and "Tool result (tool): late" in text, text
+        assert all(list(p) == list(prompts[0]) for p in prompts[1:])
+        answers = [rt.generate(None, messages=history(ids), tools=SMALL, max_tokens=8, use_prompt_cache=False).text
+                   for ids in runs]
+        assert answers[1:] == answers[:1] * 2
+
+
 def test_fallback_prompt_and_reading_calls(bundle_int4, tiny_model):
     """A template without tools (ChatML): the tools as a system message first, an earlier call as
     its JSON, a tool result as a user turn; exactly apply_chat_template of those messages."""
@@ -72,7 +98,8 @@ def test_fallback_prompt_and_reading_calls(bundle_int4, tiny_model):
         ids, _, _ = rt.chat_input(None, HISTORY, spec)
         text = rt.tokenizer.decode(list(ids), skip_special_tokens=False)
         assert "You can call these functions" in text and '"name": "order"' in text
-        assert "Tool result (c1): ordered" in text and '{"name": "order", "arguments": {"qty": 3}}' in text
+        assert "Tool result (order): ordered" in text and '{"name": "order", "arguments": {"qty": 3}}' in text
+        assert "c1" not in text
         from prefix_edge.runtime.chat.render import check_messages
 
         msgs, _ = for_template(check_messages(HISTORY), spec, False)
@@ -179,6 +206,15 @@ def test_responses_api_function_tools(client, local):
     assert follow.output[0].status == follow.status  # the item is as complete as its response
     assert (follow.output_text if not ref.tool_calls else follow.output[0].arguments) == \
         (ref.text if not ref.tool_calls else ref.tool_calls[0]["function"]["arguments"])
+    # the same history under other call ids: the same prompt (the output item's id aside, the same answer)
+    again = client.responses.create(model="base", tools=tools, max_output_tokens=8, input=[
+        {"role": "user", "content": "order some"},
+        {"type": "function_call", "call_id": "call_0123456789abcdef01234567", "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": "call_0123456789abcdef01234567", "output": "ordered"}])
+    assert again.usage.input_tokens == follow.usage.input_tokens
+    assert [getattr(o, "arguments", None) or getattr(o, "content", None) and o.content[0].text for o in again.output] \
+        == [getattr(o, "arguments", None) or getattr(o, "content", None) and o.content[0].text for o in follow.output]
 
 
 STRICT = [{"type": "function", "function": {**ORDER["function"], "strict": True}}]

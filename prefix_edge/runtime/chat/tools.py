@@ -6,7 +6,8 @@ tools, assistant `tool_calls` and `tool` messages are rendered by it, as transfo
 them, and a call is read from the answer (`<tool_call>{...}</tool_call>` or a bare JSON object).
 Where it has none (SmolLM2's, ChatML's), a fixed system message lists the tools and asks for a
 call as one JSON object, `{"name": ..., "arguments": {...}}`; earlier calls are rendered as that
-JSON and tool results as user turns (`Tool result (name): ...`).
+JSON and tool results as user turns (`Tool result (name): ...`, the name of the function the
+result answers: the matching call's, never the call's id).
 
 A completion-prompt task (chat = false: a trained tool task) renders no tools: its own answer, a
 call constrained by its json_schema, is narrowed to the functions offered and returned as a call
@@ -215,6 +216,7 @@ def for_template(messages: list[dict], spec: ToolSpec | None, is_native: bool) -
     fallback system message, earlier calls as JSON text and tool results as user turns."""
     offered = spec is not None and spec.choice != "none"
     out = []
+    called: dict = {}  # an earlier call's id -> its function's name (the fallback's tool results)
     if offered and not is_native:
         listing = json.dumps([t["function"] for t in spec.tools], ensure_ascii=False)
         out.append({"role": "system", "content": FALLBACK.format(tools=listing, tail=TAIL.get(spec.choice, TAIL["required"]))})
@@ -227,11 +229,14 @@ def for_template(messages: list[dict], spec: ToolSpec | None, is_native: bool) -
             out.append(m)
             continue
         if m["role"] == "assistant" and calls:
+            called.update((c.get("id"), c["function"]["name"]) for c in calls if c.get("id") is not None)
             text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": _args(c["function"]["arguments"])},
                                         ensure_ascii=False) for c in calls)
             out.append({"role": "assistant", "content": ((m.get("content") or "") + "\n" + text).strip()})
         elif m["role"] == "tool":
-            who = m.get("name") or m.get("tool_call_id") or "tool"
+            # the call's function, never its id: clients make ids at random (call_<24 hex>), and
+            # an id in the prompt made identical greedy requests answer differently
+            who = m.get("name") or called.get(m.get("tool_call_id")) or "tool"
             out.append({"role": "user", "content": f"Tool result ({who}): {m['content']}"})
         else:
             out.append({"role": m["role"], "content": m["content"]})
