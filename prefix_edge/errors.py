@@ -3,6 +3,13 @@ as one line and exits non-zero."""
 
 from __future__ import annotations
 
+import sys
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (the run goes on)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
 
 class PrefixEdgeError(Exception):
     """A user-facing error with a message that says what is wrong and what to do. `param`: the

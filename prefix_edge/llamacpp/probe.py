@@ -217,5 +217,3 @@ def unusable(model_path: Path | None) -> str | None:
     return v.detail if v is not None and not v.ok else None
 
 
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)

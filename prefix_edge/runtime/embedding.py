@@ -189,7 +189,7 @@ class Embedder:
     def _run(self, batch: list) -> None:
         try:
             if self._runner is None:
-                self._runner = self._make_runner()
+                self._runner = self.offer.open(self.max_tokens)
             vecs = self._runner.pooled([job.ids[i] for job, i in batch], batch[0][0].pooling)
         except Exception as e:  # every call in the batch gets the error
             err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(f"embedding failed: {e}")
@@ -203,9 +203,6 @@ class Embedder:
             job.left -= 1
             if job.left == 0:
                 _settle(job.future, np.stack(job.out))
-
-    def _make_runner(self):
-        return self.offer.open(self.max_tokens)
 
     @property
     def dimensions(self) -> int:

@@ -8,13 +8,12 @@ bad request fails at the call); sampling, stop strings and streaming run in the 
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..bundle import BACKENDS, Bundle
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, warn
 from .engines.protocol import EngineConfig, Opened
 from .engines import engine_class
 from .overlap import beside
@@ -50,7 +49,7 @@ def choose_backend(bundle: Bundle, backend: str) -> str:
         why = unusable(name, bundle.model_file(name))
         if why is None:
             return name
-        print(f"warning: {why}; using the {candidates[i + 1]} backend", file=sys.stderr, flush=True)
+        warn(f"{why}; using the {candidates[i + 1]} backend")
     return candidates[-1] if candidates else next(iter(bundle.backends), "onnx")
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import sys
 import threading
 import time
 import zlib
@@ -39,7 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...bundle import prefixfile
-from ...errors import PrefixEdgeError, disk_full
+from ...errors import PrefixEdgeError, disk_full, warn
 from .prompts import chain
 
 FORMAT = "prefix-edge-prompt/1"
@@ -52,10 +51,6 @@ COUNTED = 4096        # chunk ends whose hits are counted (least recently hit fo
 QUEUED = 2            # writes waiting (each holds its entry's KV); beyond, one at a later hit
 TOUCH_S = 60.0        # a file's time is touched at most this often by hits
 STALE_TMP_S = 24 * 3600
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def root_digest(manifest) -> Callable[[str], str | None]:
