@@ -34,6 +34,73 @@ def prompt_cache_dir(fingerprint: str, backend: str) -> Path:
     return home() / "prompt-cache" / safe / backend
 
 
+SECRET = "secret.key"
+SECRET_BYTES = 32
+
+
+def secret_key() -> bytes:
+    """This home's secret (32 random bytes in $PREFIX_EDGE_HOME/secret.key, mode 0600, made on
+    first use): the key of the MAC over every state file this home persists
+    (bundle/prefixfile.py), so that only a file a process of this user wrote is read back.
+    A key file that is not a regular file of this user's, is open to others, or is not 32
+    bytes is replaced by a new one (files made with the old key are then refused and made
+    again). OSError where the home cannot hold one."""
+    path = home() / SECRET
+    for _ in range(3):
+        key = _read_secret(path)
+        if key is not None:
+            return key
+        _make_secret(path)
+    raise OSError(f"{path}: cannot keep this home's secret there")
+
+
+def _read_secret(path: Path) -> bytes | None:
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+        if not (stat.S_ISREG(st.st_mode) and mine and not st.st_mode & 0o077):
+            return None
+        key = os.read(fd, SECRET_BYTES + 1)
+        return key if len(key) == SECRET_BYTES else None
+    finally:
+        os.close(fd)
+
+
+def _make_secret(path: Path) -> None:
+    """A new key at `path`: written to a temporary file (0600) then linked in, so a process
+    that reads it never sees half a key; the first of several processes wins, one that finds
+    a bad key file replaces it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{SECRET}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600) if hasattr(os, "fchmod") else None
+        os.write(fd, os.urandom(SECRET_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if os.path.lexists(path):
+            os.replace(tmp, path)  # a bad key file (the caller could not read it as one)
+        else:
+            os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process made one meanwhile: read that
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def default_tasks_file() -> Path:
     """The demo tasks for the embedded default model (package data: `prefix_edge/models/`)."""
     return Path(__file__).resolve().parent / "models" / DEFAULT_MODEL_NAME / "tasks.toml"

@@ -28,7 +28,7 @@ from prefix_edge.options import OptionError
 from prefix_edge.runtime.engines import open_backend
 from prefix_edge.runtime.kv import Rope, shift_keys
 
-from .helpers.served import client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
+from .helpers.served import KEY, client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
 
 BACKENDS = ["onnx", "gguf"]
 DOCS = [
@@ -291,7 +291,7 @@ def test_the_server_composes_as_the_library_does(client, local, server):
     assert r.output_text == ref.text
     import httpx
 
-    metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(server + "/metrics").text.splitlines()
+    metrics = dict(ln.rsplit(" ", 1) for ln in httpx.get(server + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text.splitlines()
                    if ln.startswith(("prefix_edge_document_cache_", "prefix_edge_host_cache_", "prefix_edge_cached_")))
     assert float(metrics["prefix_edge_document_cache_hits_total"]) >= 2
     assert 0 < float(metrics["prefix_edge_document_cache_bytes"]) <= float(metrics["prefix_edge_document_cache_budget_bytes"])

@@ -182,7 +182,8 @@ def test_turn_cache_of_a_cancelled_reply(bundle_int4):
     equals its uncached run."""
     with Runtime.open(bundle_int4, backend="gguf") as rt:
         conv = rt.chat("support")
-        s = conv.stream(TURNS[0], max_tokens=40)
+        # long enough that it cannot end before the cancel lands, on a busy machine too
+        s = conv.stream(TURNS[0], max_tokens=2000, logit_bias={2: -100})  # 2: the tiny model's EOS
         next(s)
         s.cancel()
         list(s)

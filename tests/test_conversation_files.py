@@ -96,3 +96,44 @@ def test_bad_paths(bundle_fp32, tmp_path):
             with pytest.raises(PrefixEdgeError) as e:
                 rt.resume(target)
             assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_a_signed_conversation_loads_only_as_this_home_wrote_it(bundle_fp32, tmp_path, backend, monkeypatch):
+    """save(signed=True) / resume(signed=True): the file carries a MAC under this home's secret.
+    It loads (KV restored, the next turn as the history run cold); the same file edited by a
+    writer without the secret (its KV changed, the CRC-32 recomputed), a file saved unsigned,
+    and one signed in another home are each refused in one line; resume(signed=False) still
+    reads a signed file (its MAC is then not asked for)."""
+    import numpy as np
+
+    from prefix_edge.bundle import prefixfile
+
+    monkeypatch.setenv("PREFIX_EDGE_HOME", str(tmp_path / "home"))
+    with Runtime.open(bundle_fp32, backend=backend, slots=1) as rt:
+        conv = rt.chat("support")
+        conv.send("my sync stopped", max_tokens=4)
+        signed, plain = tmp_path / "signed.pe", tmp_path / "plain.pe"
+        assert conv.save(signed, signed=True) and conv.save(plain)
+        again = rt.resume(signed, signed=True)
+        ref = rt.generate("support", messages=conv.messages + [{"role": "user", "content": "and now?"}],
+                          max_tokens=6, use_prefix_cache=False, use_prompt_cache=False)
+        assert again.kv_restored and again.send("and now?", max_tokens=6).text == ref.text
+        assert rt.resume(signed).kv_restored  # unsigned reading ignores the MAC
+
+        tensors, meta = prefixfile.read(signed, verify=True)
+        forged = {k: v.copy() for k, v in tensors.items() if k != prefixfile.IDS}
+        for t in forged.values():
+            if t.dtype != np.uint8:
+                t += np.float32(0.25).astype(t.dtype)
+        keep = {k: v for k, v in meta.items() if k not in (prefixfile.CHECKSUM, prefixfile.MAC)}
+        prefixfile.write(tmp_path / "forged.pe", tensors[prefixfile.IDS], forged, keep)
+        prefixfile.write(tmp_path / "other-key.pe", tensors[prefixfile.IDS], forged, keep, bytes(32))
+        for path, needle in ((tmp_path / "forged.pe", "carries no MAC"), (plain, "carries no MAC"),
+                             (tmp_path / "other-key.pe", "its MAC does not match")):
+            with pytest.raises(PrefixEdgeError, match=needle) as e:
+                rt.resume(path, signed=True)
+            assert "\n" not in str(e.value)
+        monkeypatch.setenv("PREFIX_EDGE_HOME", str(tmp_path / "another-home"))
+        with pytest.raises(PrefixEdgeError, match="its MAC does not match"):
+            rt.resume(signed, signed=True)

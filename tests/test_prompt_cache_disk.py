@@ -16,7 +16,7 @@ import pytest
 
 from prefix_edge import Runtime
 from prefix_edge.bundle import prefixfile
-from prefix_edge.paths import prompt_cache_dir
+from prefix_edge.paths import prompt_cache_dir, secret_key
 from prefix_edge.runtime.cache.prompt_files import INDEX_CRC, SUFFIX, _index_crc
 from prefix_edge.serve.metrics import Metrics
 
@@ -116,16 +116,22 @@ def test_a_new_runtime_starts_warm(bundle_int4, backend, home):
 
 # -- bad files --------------------------------------------------------------------------------
 
-def _rewrite(src, dst, edit) -> None:
+def _rewrite(src, dst, edit, key: bytes | None = None) -> None:
     """dst: src's tensors and metadata after `edit(ids, tensors, meta)`, written as a well-formed
-    file (its checksums those of what it now holds)."""
+    file (its checksums those of what it now holds; its MAC with `key`, where given)."""
     tensors, meta = prefixfile.read(src, verify=True)
     ids = tensors.pop(prefixfile.IDS).copy()
     tensors = {k: v.copy() for k, v in tensors.items()}
-    meta = {k: v for k, v in meta.items() if k != prefixfile.CHECKSUM}
+    meta = {k: v for k, v in meta.items() if k not in (prefixfile.CHECKSUM, prefixfile.MAC)}
     ids = edit(ids, tensors, meta)
     meta[INDEX_CRC] = _index_crc(meta)
-    prefixfile.write(dst, ids, tensors, meta)
+    prefixfile.write(dst, ids, tensors, meta, key)
+
+
+def _signed(src, dst, edit) -> None:
+    """_rewrite with this home's key: a file only a writer holding the secret could make (the
+    checks behind the MAC: fingerprint, engine state, ids against keys)."""
+    _rewrite(src, dst, edit, secret_key())
 
 
 def _bad_copies(good, folder) -> int:
@@ -148,8 +154,8 @@ def _bad_copies(good, folder) -> int:
     def other_ids(ids, tensors, meta):  # another token in the input, the same keys
         ids[-1] = ids[0] if ids[-1] != ids[0] else ids[1]
         return ids
-    _rewrite(good, folder / f"other-model{SUFFIX}", other_model)
-    _rewrite(good, folder / f"other-ids{SUFFIX}", other_ids)
+    _signed(good, folder / f"other-model{SUFFIX}", other_model)
+    _signed(good, folder / f"other-ids{SUFFIX}", other_ids)
     good.unlink()
     return len(offsets) + 3
 
@@ -186,13 +192,122 @@ def test_a_file_from_another_llama_cpp_is_refused(bundle_int4, home, capfd):
     def other_version(ids, tensors, meta):
         meta["state_version"] = "pe-seqstate-0/magic=0/session=0/seq=0/llama-cpp-python=0"
         return ids
-    _rewrite(good, good, other_version)
+    _signed(good, good, other_version)
     with _open(bundle_int4, "gguf") as rt:
         got = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8)
         ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, use_prompt_cache=False)
         assert got.tokens == ref.tokens and got.stats.cached_tokens == ref.stats.cached_tokens
         assert rt.engine_info()["prompt_cache"]["disk_refused"] == 1
     assert _files(_folder(rt)) == [] and "KV state written by" in capfd.readouterr().err
+
+
+# -- a writer who is not this home ----------------------------------------------------------
+
+def _forge(mine, theirs, dst, key: bytes | None) -> None:
+    """What another local user who can write the folder makes: the file indexed for one
+    prompt (`mine`: its ids and keys) holding another prompt's KV (`theirs`, of the same
+    length), its CRC-32s recomputed so nothing looks damaged; signed with `key` (None: not)."""
+    other, _ = prefixfile.read(theirs, verify=True)
+
+    def their_kv(ids, tensors, meta):
+        for name in tensors:
+            tensors[name] = other[name].copy()
+        return ids
+    _rewrite(mine, dst, their_kv, key)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_forged_file_is_refused_and_the_answer_is_the_uncached_one(bundle_int4, backend, home, capfd):
+    """Issue 50's trial: another prompt's KV under this prompt's name with recomputed CRC-32s
+    was accepted and changed the answer. Now: unsigned, or signed with another home's key, it
+    is refused before use (one warning naming the MAC), the answer is the uncached one, and the
+    file goes. Signed with this home's key the same file IS used (the MAC is what refuses it):
+    its answer differs from the uncached one, which is what the MAC keeps out."""
+    with _open(bundle_int4, backend) as rt:
+        n = len(rt.tokenizer.encode(DOC).ids)
+        city = next(c for c in ("Paris", "Rome", "Oslo", "Lyon", "Nice")
+                    if len(rt.tokenizer.encode(DOC.replace("Porto", c)).ids) == n)
+        _write_three(rt, DOC.replace("Porto", city))
+    folder = _folder(rt)
+    (theirs,) = _files(folder)
+    shutil.move(theirs, folder.parent / "theirs")
+    with _open(bundle_int4, backend) as rt:
+        _write_three(rt)
+    (good,) = _files(folder)
+    shutil.move(good, folder.parent / "mine")
+    for key, refused in ((None, True), (bytes(range(32)), True), ("home", False)):
+        _forge(folder.parent / "mine", folder.parent / "theirs", good, secret_key() if key == "home" else key)
+        capfd.readouterr()
+        with _open(bundle_int4, backend) as rt:
+            P = rt.manifest.tasks["support"].prefix_tokens
+            got = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2)
+            ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2,
+                              use_prompt_cache=False)
+            info = rt.engine_info()["prompt_cache"]
+        err = capfd.readouterr().err
+        if refused:
+            _same(got, ref)
+            assert got.stats.cached_tokens == P and info["disk_refused"] == 1 and info["disk_loads"] == 0
+            assert ("carries no MAC" if key is None else "its MAC does not match") in err
+            assert not good.exists()
+        else:  # the control: with the secret, the forgery is read and the answer moves
+            assert info["disk_loads"] == 1 and got.stats.cached_tokens > P
+            assert got.logprobs != ref.logprobs
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "sparse"])
+def test_an_indexed_file_swapped_for_another_kind_is_refused_unread(bundle_int4, home, capfd, kind):
+    """The reader does not trust the path it indexed: after a runtime has read the folder's
+    headers, the file is replaced by a FIFO (opened without blocking: refused at once, the
+    request answers), a symbolic link to a good copy (not followed), or a 1.5 GB sparse file
+    whose header is valid for that size (refused from its size before a byte of it is read: the
+    process's peak RSS does not move by it). Each time: the uncached answer, one warning."""
+    import os
+    import resource
+
+    with _open(bundle_int4, "gguf") as rt:
+        _write_three(rt)
+    folder = _folder(rt)
+    (good,) = _files(folder)
+    kept = folder.parent / "kept"
+    shutil.copy(good, kept)
+    with _open(bundle_int4, "gguf") as rt:
+        assert rt.engine_info()["prompt_cache"]["disk_files"] == 1  # indexed from its header
+        good.unlink()
+        if kind == "fifo":
+            os.mkfifo(good)
+        elif kind == "symlink":
+            good.symlink_to(kept)
+        else:
+            import json
+            data = kept.read_bytes()
+            n = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8:8 + n])
+            big = 1_500_000_000
+            header = {"__metadata__": header["__metadata__"],
+                      "prefix_ids": {"dtype": "I64", "shape": [0], "data_offsets": [0, 0]},
+                      "state": {"dtype": "U8", "shape": [big], "data_offsets": [0, big]}}
+            raw = json.dumps(header).encode()
+            with open(good, "wb") as f:
+                f.write(len(raw).to_bytes(8, "little") + raw)
+                f.truncate(8 + len(raw) + big)  # sparse: no block written
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        capfd.readouterr()
+        results = []
+        t = threading.Thread(target=lambda: results.append(
+            rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8)))
+        t.start()
+        t.join(120)  # a blocking open of the FIFO would never return
+        assert not t.is_alive(), "the request hangs on the swapped file"
+        ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, use_prompt_cache=False)
+        (got,) = results
+        assert got.tokens == ref.tokens and got.stats.cached_tokens == rt.manifest.tasks["support"].prefix_tokens
+        assert rt.engine_info()["prompt_cache"]["disk_refused"] == 1
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200_000  # KiB: not 1.5 GB
+    err = capfd.readouterr().err
+    why = {"fifo": "not a regular file", "symlink": "a symbolic link", "sparse": "its header's positions can take"}
+    assert why[kind] in err, err
+    assert not os.path.lexists(good)
 
 
 # -- bounds --------------------------------------------------------------------------------
@@ -247,7 +362,7 @@ def test_a_stale_temporary_file_goes_and_a_foreign_one_stays(bundle_int4, home):
     def other_chunk(ids, tensors, meta):
         meta["prefill_chunk"] = "32"
         return ids
-    _rewrite(good, good, other_chunk)
+    _signed(good, good, other_chunk)
     with _open(bundle_int4, "onnx") as rt:
         r = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=1)
         assert r.stats.cached_tokens == rt.manifest.tasks["support"].prefix_tokens

@@ -133,7 +133,7 @@ def test_disconnect_cancels_and_metrics(server):
     deadline = time.time() + 30
     text = ""
     while time.time() < deadline:
-        text = httpx.get(server + "/metrics").text
+        text = httpx.get(server + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
         if "prefix_edge_client_disconnects_total 1" in text or 'reason="cancelled"' in text:
             break
         time.sleep(0.2)

@@ -50,7 +50,8 @@ def test_conversation_with_history_and_system(client, local, task):
 
 
 def _prompt_cache_hits(client) -> int:
-    hits = [ln for ln in httpx.get(client.base_url.join("/metrics").__str__().replace("/v1", ""))
+    hits = [ln for ln in httpx.get(client.base_url.join("/metrics").__str__().replace("/v1", ""),
+                                   headers={"Authorization": f"Bearer {KEY}"})
             .text.splitlines() if ln.startswith("prefix_edge_prompt_cache_hits_total")]
     return int(hits[0].split()[1])
 

@@ -18,6 +18,16 @@ prompt cache's files) is read with `verify=True`: a flipped bit anywhere is a on
 never a different answer. A bundle's prefix files are covered by the bundle's own hashes
 (bundle/verify.py) and read without it (a CRC pass would double a restore's time).
 
+A CRC catches damage, not a writer: anyone who can write the file can recompute it. A file
+written with a `mac_key` (the prompt cache's files, a conversation saved `signed=True`) also
+carries `payload_mac`, a keyed BLAKE2b-256 of the same payload with the home's secret
+(paths.secret_key: 32 random bytes, mode 0600); read with the key, a file without it or with
+another is refused, before any of it is used. An untrusted file (`verify=True`) is opened
+without following a symbolic link and without blocking (a FIFO), must be a regular file
+(fstat on the open descriptor), and a reader that knows how large the file can be
+(`max_bytes`: the prompt cache, from the positions its header names) refuses a larger one
+before reading it.
+
 The ONNX KV may be stored smaller than the graph computes it (`kv_store`, chosen at export):
 "f16" (half the bytes), or "q8_0": int8 in blocks of 32 along head_dim (a whole row when head_dim
 is no multiple of 32) with one f16 scale per block in `{name}.scale` — llama.cpp's Q8_0, 1.06
@@ -30,8 +40,13 @@ export's baking calls through the backends' save_prefix.
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import json
 import math
+import os
+import stat
 import zlib
 from pathlib import Path
 
@@ -45,6 +60,7 @@ KV_STORES = ("f32", "f16", "q8_0")
 Q8_BLOCK = 32
 STATE = "state"
 CHECKSUM = "payload_crc32"
+MAC = "payload_mac"
 MAX_BYTES = 16 << 30
 
 
@@ -74,20 +90,57 @@ def _header(f, path: Path, size: int) -> tuple[dict, int]:
 
 def checksum(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> str:
     """The payload's CRC-32: tensors (name, dtype, shape, bytes) in name order, then the
-    metadata but this field, as sorted JSON."""
+    metadata but this field and the MAC, as sorted JSON."""
+    return _digests(tensors, meta, None)[0]
+
+
+def _digests(tensors: dict[str, np.ndarray], meta: dict[str, str], key: bytes | None) -> tuple[str, str | None]:
+    """(CRC-32, keyed BLAKE2b-256 or None) of the payload, in one pass over its bytes."""
     c = 0
+    h = hashlib.blake2b(key=key, digest_size=32) if key else None
     for name in sorted(tensors):
         t = np.ascontiguousarray(tensors[name])
-        c = zlib.crc32(f"{name}|{t.dtype.str}|{list(t.shape)}|".encode(), c)
-        c = zlib.crc32(t.reshape(-1).view(np.uint8), c)
-    rest = {k: v for k, v in meta.items() if k != CHECKSUM}
-    return f"{zlib.crc32(json.dumps(rest, sort_keys=True).encode(), c):08x}"
+        head = f"{name}|{t.dtype.str}|{list(t.shape)}|".encode()
+        body = t.reshape(-1).view(np.uint8)
+        c = zlib.crc32(body, zlib.crc32(head, c))
+        if h is not None:
+            h.update(head)
+            h.update(body)
+    rest = json.dumps({k: v for k, v in meta.items() if k not in (CHECKSUM, MAC)}, sort_keys=True).encode()
+    if h is not None:
+        h.update(rest)
+    return f"{zlib.crc32(rest, c):08x}", (h.hexdigest() if h is not None else None)
 
 
-def read(path: Path, need: list[str] | None = None,
-         verify: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _open(path: Path, untrusted: bool):
+    """(the file opened for reading, its size). untrusted: no symbolic link followed, no
+    blocking open (a FIFO), a regular file only; the size is the open file's (fstat)."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    if untrusted:
+        flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if untrusted and e.errno == errno.ELOOP:
+            raise PrefixEdgeError(f"{path}: a symbolic link; refused (an untrusted file is read "
+                                  "only as a regular file)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PrefixEdgeError(f"{path}: not a regular file; refused")
+        return os.fdopen(fd, "rb", buffering=0), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read(path: Path, need: list[str] | None = None, verify: bool = False, mac_key: bytes | None = None,
+         max_bytes: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors (or the `need`ed ones, which must exist) and the metadata; one-line errors.
-    verify: the file must carry its payload checksum, and it must match (all tensors read).
+    verify: an untrusted file (opened as _open says); it must carry its payload checksum, and
+    it must match (all tensors read). mac_key: it must carry the payload's MAC with this key.
+    max_bytes: a larger file is refused before it is read.
 
     The safetensors layout (what safetensors.numpy.save_file wrote at export), read in ONE
     readinto of the data section (with `need`: of the span those tensors lie in) into a buffer
@@ -97,10 +150,13 @@ def read(path: Path, need: list[str] | None = None,
     to the file cannot change what was read)."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise PrefixEdgeError(f"{path}: prefix file is larger than {MAX_BYTES >> 30} GB")
-        with open(path, "rb", buffering=0) as f:
+        f, size = _open(path, verify or mac_key is not None)
+        with f:
+            if size > MAX_BYTES:
+                raise PrefixEdgeError(f"{path}: prefix file is larger than {MAX_BYTES >> 30} GB")
+            if max_bytes is not None and size > max_bytes:
+                raise PrefixEdgeError(f"{path}: the file is {size} bytes, more than the {max_bytes} its "
+                                      "header's positions can take")
             header, start = _header(f, path, size)
             entries = _entries(header, path, size - start)
             for n in need or []:
@@ -128,14 +184,21 @@ def read(path: Path, need: list[str] | None = None,
         raw = data[a - lo:b - lo]
         t = raw.view(dtype) if (a - lo) % np.dtype(dtype).itemsize == 0 else raw.copy().view(dtype)
         tensors[name] = t.reshape(shape)
-    if verify:
+    if verify or mac_key is not None:
         if need:
             raise PrefixEdgeError("internal error: a checksum covers the whole file")
         if CHECKSUM not in meta:
             raise PrefixEdgeError(f"{path}: this file carries no checksum (written before 2026-12-03 "
                                   "or not by prefix-edge): it cannot be trusted")
-        if checksum(tensors, meta) != meta[CHECKSUM]:
+        if mac_key is not None and MAC not in meta:
+            raise PrefixEdgeError(f"{path}: this file carries no MAC (not written by this prefix-edge "
+                                  "home, or written unsigned): it cannot be trusted")
+        crc, mac = _digests(tensors, meta, mac_key)
+        if crc != meta[CHECKSUM]:
             raise PrefixEdgeError(f"{path}: the file is damaged (its checksum does not match its contents)")
+        if mac is not None and not hmac.compare_digest(mac, meta[MAC]):
+            raise PrefixEdgeError(f"{path}: its MAC does not match (written by someone without this "
+                                  "home's secret, or edited): it cannot be trusted")
     fmt = meta.get("prefix_format_version", PREFIX_FORMAT_VERSION)
     if fmt != PREFIX_FORMAT_VERSION:
         raise PrefixEdgeError(f"{path}: prefix file format {fmt!r}, this prefix-edge reads "
@@ -173,12 +236,13 @@ def _entries(header: dict, path: Path, n_data: int) -> dict[str, tuple]:
     return out
 
 
-def metadata(path: Path) -> dict[str, str]:
-    """Only the metadata (no tensor is read)."""
+def metadata(path: Path, untrusted: bool = False) -> dict[str, str]:
+    """Only the metadata (no tensor is read). untrusted: opened as _open says."""
     path = Path(path)
     try:
-        with open(path, "rb", buffering=0) as f:
-            header, _ = _header(f, path, path.stat().st_size)
+        f, size = _open(path, untrusted)
+        with f:
+            header, _ = _header(f, path, size)
     except OSError as e:
         raise PrefixEdgeError(f"{path}: cannot read prefix file: {e.strerror or e}") from None
     meta = header.get("__metadata__") or {}
@@ -216,14 +280,18 @@ def n_virtual(metadata: dict[str, str], where: str) -> int:
     return n
 
 
-def write(path: Path, ids: np.ndarray, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+def write(path: Path, ids: np.ndarray, tensors: dict[str, np.ndarray], metadata: dict[str, str],
+          mac_key: bytes | None = None) -> None:
+    """mac_key: the payload's MAC with it too (read back with the same key only)."""
     from safetensors.numpy import save_file
 
     out = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     out[IDS] = np.asarray(ids, np.int64).reshape(-1)
-    meta = {k: str(v) for k, v in metadata.items()}
+    meta = {k: str(v) for k, v in metadata.items() if k not in (CHECKSUM, MAC)}
     meta.setdefault("prefix_format_version", PREFIX_FORMAT_VERSION)
-    meta[CHECKSUM] = checksum(out, meta)
+    meta[CHECKSUM], mac = _digests(out, meta, mac_key)
+    if mac is not None:
+        meta[MAC] = mac
     save_file(out, str(path), metadata=meta)
 
 

@@ -32,7 +32,9 @@ def serve(
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     stored_responses: int = typer.Option(MAX_STORED, "--stored-responses", help="/v1/responses kept for previous_response_id and GET (the oldest dropped beyond; 0: none)."),
     stored_mb: int = typer.Option(STORED_BYTES >> 20, "--stored-mb", help="MiB the stored responses may hold together (the oldest dropped beyond)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/ and /metrics (one key, one tenant)."),
+    api_keys: Optional[Path] = typer.Option(None, "--api-keys", help="A file of `KEY TENANT` lines: several keys, each tenant's prompt and document caches its own (docs/server.md, Tenants)."),
+    metrics_public: bool = typer.Option(False, "--metrics-public", help="Serve /metrics without the API key (it names tasks and counts every client's requests)."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="Largest request body in bytes (413 beyond)."),
     body_timeout: float = typer.Option(BODY_TIMEOUT, "--body-timeout", help="Seconds to receive a request body (408 beyond)."),
@@ -48,6 +50,15 @@ def serve(
     """Serve the bundle's tasks as models over an OpenAI-compatible HTTP API."""
     from ..errors import PrefixEdgeError
 
+    if api_key and api_keys:
+        raise PrefixEdgeError("give --api-key or --api-keys, not both (put the one key in the file)")
+    if api_keys and (ray or ray_config):
+        raise PrefixEdgeError("--api-keys (tenants) is not supported with --ray: use --api-key")
+    keys = None
+    if api_keys:
+        from ..serve.auth import Keys
+
+        keys = Keys.from_file(api_keys)  # a bad file fails here, before the model loads
     if ray or ray_config:
         from ..cluster.run import serve_forever, write_config
 
@@ -91,14 +102,15 @@ def serve(
                           prompt_cache_bytes=max(0, prompt_cache) << 20,
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
                           document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20)
-        application = create_app(rt, api_key=api_key,
+        application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout,
                                  stored_responses=StoredResponses(stored_responses, stored_mb << 20))
         config = uvicorn.Config(application, log_level="warning", lifespan="off",
                                 http=protocol_class(header_timeout, max_connections))
         server = make_server(config, application.state.server, grace)
-        typer.echo(f"serving {len(rt.tasks)} tasks ({rt.backend.name}) on http://{host}:{port}/v1", err=True)
+        who = f", {len(keys.tenants)} tenant(s)" if keys is not None else ""
+        typer.echo(f"serving {len(rt.tasks)} tasks ({rt.backend.name}{who}) on http://{host}:{port}/v1", err=True)
         server.run(sockets=[sock])
     finally:
         if rt is not None:

@@ -111,14 +111,15 @@ class _Resident:
 
 
 def _ingress(names: list[str], api_key: str | None):
-    from ..serve.app import _BearerAuth, error
+    from ..serve.app import _unauthorized, error
+    from ..serve.auth import BearerAuth, Keys
 
     def _no_stored(response_id: str):
         return error(404, f"no stored response `{response_id}`", param="response_id", code="not_found")
 
     app = FastAPI(title="prefix-edge cluster", docs_url=None, redoc_url=None, openapi_url=None)
     if api_key:
-        app.add_middleware(_BearerAuth, key=api_key)
+        app.add_middleware(BearerAuth, keys=Keys.single(api_key), metrics_public=False, refuse=_unauthorized)
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     @serve.ingress(app)

@@ -31,6 +31,32 @@ FLAGS = ("use_prefix_cache", "use_prompt_cache", "use_turn_cache", "raw_special_
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
+MAX_SCOPE = 1024  # characters of a cache scope
+
+
+def cache_scope(value) -> str:
+    """The call's `cache_scope` checked: "" (none: the caches are shared by every call of the
+    runtime) or a string that partitions them: a request sees the prompt cache's and the
+    document cache's entries of its own scope only (the server's tenant and prompt_cache_key)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > MAX_SCOPE:
+        raise OptionError("cache_scope", f"cache_scope must be a string of at most {MAX_SCOPE} characters, "
+                                         f"got {type(value).__name__}")
+    return value
+
+
+def cache_root(task: str | None, scope: str) -> str:
+    """What the prompt and document caches' keys are rooted at: the task (or the base model),
+    and the scope's digest where there is one (cache/prompt_files.py reads the task back)."""
+    root = f"task:{task}" if task is not None else "base"
+    if not scope:
+        return root
+    import hashlib
+
+    return f"{root}|scope:{hashlib.blake2b(scope.encode('utf-8', 'surrogatepass'), digest_size=16).hexdigest()}"
+
+
 class Requests:
     """The caller's-thread half of a Runtime: a call checked and turned into a Request (and its
     choices' siblings, and its Result at the end). It reads the bundle, tokenizer and engine the
@@ -52,7 +78,7 @@ class Requests:
     # -- options ------------------------------------------------------------------------
     def options(self, task: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
         unknown = set(overrides) - set(DEFAULTS) - set(FLAGS) - {"logprobs", "tools", "tool_choice"} \
-            - {"documents", "compose_documents"}
+            - {"documents", "compose_documents", "cache_scope"}
         if unknown:
             raise OptionError(sorted(unknown)[0], f"unknown generation option {sorted(unknown)[0]!r}")
         over = {k: v for k, v in overrides.items() if v is not None and k in DEFAULTS}
@@ -232,6 +258,7 @@ class Requests:
                                      or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise PrefixEdgeError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
                                   f"alternatives per token), got {logprobs!r}", param="logprobs")
+        scope = cache_scope(overrides.get("cache_scope"))
         tools = check_tools(overrides.get("tools"), overrides.get("tool_choice"))
         if tools is not None and messages is None:
             raise PrefixEdgeError("tools go with messages (a conversation), not text", param="tools")
@@ -260,7 +287,8 @@ class Requests:
             ids, cuts, _ = self.chat_input(task, messages, tools)
         compose = None
         if docs and opts["compose_documents"]:  # compose.py: opt-in, not exact
-            compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache)
+            compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache,
+                                        scope)
             if compose is not None:
                 compose, ids, cuts = compose[0], compose[1], ()
         P = self.manifest.tasks[task].positions(use_cache) if task is not None else 0
@@ -277,7 +305,7 @@ class Requests:
         if compose is not None:  # nothing composed is exact: no prompt cache either way
             use_prompts = False
         t_load = time.perf_counter()
-        root = f"task:{task}" if task is not None else "base"
+        root = cache_root(task, scope)
         full, full_cuts, hit = ids, cuts, None
         with self._prefix_lock:
             if task is None:
@@ -315,7 +343,7 @@ class Requests:
                        turn=(root, full, full_cuts) if messages is not None and compose is None else None,
                        speculative=opts["speculative"], compose=compose, midpoint=midpoint)
 
-    def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool):
+    def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool, scope: str = ""):
         """(Composition, the tail ids) of a composed request, or None where its documents cannot
         be told apart in the prompt (a text that spells a special token, a template that
         changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
@@ -346,7 +374,7 @@ class Requests:
             pre = np.zeros(0, np.int64) if use_cache or task is None else self.prefixes.ids(task)
         ids = np.concatenate([pre, ids])
         spans = [(a + len(pre), b + len(pre)) for a, b in spans]
-        root = f"task:{task}" if task is not None else "base"
+        root = cache_root(task, scope)
         head = ids[:spans[0][0]]
         pieces, at = [], spans[0][0]
         for a, b in spans:

@@ -71,12 +71,18 @@ class Runtime:
         self.prompts = PromptCache(prompt_cache_bytes, prefill_chunk, backend.keeps_partial, self.host)
         disk_bytes, disk_hits, disk_tokens = prompt_cache_disk
         if disk_bytes and prompt_cache_bytes:  # files are read into, and written from, memory
-            from ..paths import prompt_cache_dir
+            from ..paths import prompt_cache_dir, secret_key
             from .cache.prompt_files import PromptFiles, root_digest
 
-            self.prompts.files = PromptFiles(prompt_cache_dir(fingerprint, backend.name), disk_bytes, backend,
-                                             fingerprint, prefill_chunk, root_digest(manifest),
-                                             disk_hits, disk_tokens)
+            try:
+                key = secret_key()
+            except OSError as e:
+                key = None
+                warn(f"prompt cache: cannot keep a secret in the home ({e}): prompts are not kept on disk")
+            if key is not None:
+                self.prompts.files = PromptFiles(prompt_cache_dir(fingerprint, backend.name), disk_bytes,
+                                                 backend, fingerprint, prefill_chunk, root_digest(manifest),
+                                                 disk_hits, disk_tokens, key)
         self.prefixes = PrefixCache(bundle, backend, fingerprint, prefix_cache_size, verify)
         self._prefix_lock = threading.Lock()
         self.n_ctx = opened.n_ctx  # positions one request may use (prefix + input + output)
@@ -283,12 +289,13 @@ class Runtime:
 
         return Conversation(self, task, system=system, **defaults)
 
-    def resume(self, path: str | Path) -> "Conversation":
+    def resume(self, path: str | Path, signed: bool = False) -> "Conversation":
         """A conversation saved with Conversation.save(), its KV put back in the turn cache when
-        it was saved from this bundle (same fingerprint), else re-read on its next turn."""
+        it was saved from this bundle (same fingerprint), else re-read on its next turn.
+        signed: it must have been saved with signed=True in this home (its MAC)."""
         from .chat.conversation import Conversation
 
-        return Conversation.load(self, path)
+        return Conversation.load(self, path, signed)
 
     def close(self) -> None:
         """Refuse new requests, end the running ones (finish_reason "cancelled") and give the

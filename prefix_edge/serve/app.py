@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from .completions import BASE_MODEL, Completions
 from .embeddings import Embeddings
 from .limits import BODY_TIMEOUT, MAX_BODY, BodyLimits
+from .auth import BearerAuth, Keys, tenant_of
 from .metrics import Metrics
 from .responses import Responses
 from .store import StoredResponses
@@ -66,9 +67,11 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 
 def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None,
                max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
-               stored_responses=None) -> FastAPI:
+               stored_responses=None, keys: Keys | None = None, metrics_public: bool = False) -> FastAPI:
     """`stored_responses`: where /v1/responses keeps stored responses (default: this process's
-    own; `serve --ray` shares them between replicas, cluster/store.py)."""
+    own; `serve --ray` shares them between replicas, cluster/store.py). `api_key` (one key) or
+    `keys` (auth.Keys: several, each to its tenant): required on /v1/ and /metrics (unless
+    metrics_public); each tenant's calls see only their own cache entries (auth.py)."""
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     state = ServerState()
@@ -76,8 +79,10 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     tasks = rt.tasks  # fixed for the runtime's life
     # the last one added runs first: body limits, then CORS (a preflight is answered before
     # any key check), then the key
-    if api_key:  # a plain ASGI wrapper: BaseHTTPMiddleware would re-buffer streamed responses
-        app.add_middleware(_BearerAuth, key=api_key)
+    if api_key and keys is None:
+        keys = Keys.single(api_key)
+    if keys is not None:
+        app.add_middleware(BearerAuth, keys=keys, metrics_public=metrics_public, refuse=_unauthorized)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -159,29 +164,19 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         return await responder.create(request)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str):
-        return responder.get(response_id)
+    async def get_response(response_id: str, request: Request):
+        return responder.get(response_id, tenant_of(request))
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str):
-        return responder.delete(response_id)
+    async def delete_response(response_id: str, request: Request):
+        return responder.delete(response_id, tenant_of(request))
 
     app.state.metrics = metrics
     app.state.server = state
     return app
 
 
-class _BearerAuth:
-    """Require `Authorization: Bearer KEY` on /v1/* (401, OpenAI-shaped, otherwise)."""
-
-    def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            got = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if got != self.expected:
-                resp = error(401, "invalid or missing API key (Authorization: Bearer ...)",
-                             "authentication_error", None, "invalid_api_key")
-                return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
+async def _unauthorized(scope, receive, send):
+    resp = error(401, "invalid or missing API key (Authorization: Bearer ...)",
+                 "authentication_error", None, "invalid_api_key")
+    return await resp(scope, receive, send)

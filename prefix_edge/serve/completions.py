@@ -22,6 +22,7 @@ from fastapi.responses import StreamingResponse
 from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from ..runtime.chat.tools import ENDED, AnswerRouter
+from .auth import cache_scope, tenant_of
 from .fields import COMPLETION_FIELDS, check_fields, read_body
 from .schema import ApiError, api_error, chat_messages, completion_params
 
@@ -174,7 +175,7 @@ class Completions:
         self.tasks = rt.tasks
         self.lp = LogprobFormat(rt)
 
-    def parse(self, raw: bytes, chat: bool) -> tuple:
+    def parse(self, raw: bytes, chat: bool, tenant: str | None = None) -> tuple:
         """In a worker thread: the body parsed and checked, and the request started. An
         ApiError carries the model (for /metrics) once it is known."""
         seen = {"model": ""}
@@ -185,6 +186,9 @@ class Completions:
             prompts = None if chat else prompts_of(body)
             messages = chat_messages(body) if chat else None
             opts, stream, include_usage, n = completion_params(body, chat)
+            scope = cache_scope(tenant, body.get("prompt_cache_key"))
+            if scope is not None:
+                opts["cache_scope"] = scope
             if chat:
                 handles = start(self.rt, task, None, messages, opts, n, "messages")
             else:
@@ -196,7 +200,7 @@ class Completions:
 
     async def __call__(self, request: Request, chat: bool):
         state, metrics, error = self.state, self.metrics, self.error
-        got = await admit(request, state, metrics, error, self.parse, chat)
+        got = await admit(request, state, metrics, error, self.parse, chat, tenant_of(request))
         if not isinstance(got, tuple):
             return got
         model, (handles, per), stream, include_usage = got  # per: choices a prompt

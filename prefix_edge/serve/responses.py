@@ -28,6 +28,7 @@ from fastapi.responses import Response
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import CONSTRAINTS, OptionError
 from ..runtime.chat.tools import AnswerRouter
+from .auth import cache_scope, tenant_of
 from .completions import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
 from .fields import RESPONSE_FIELDS, check_fields, read_body
 from .schema import ApiError, completion_params, response_format
@@ -99,6 +100,11 @@ def _tools(body: dict) -> dict:
     return {"tools": out, "tool_choice": choice}
 
 
+def stored_key(response_id: str, tenant: str | None) -> str:
+    """Where a stored response is kept: a tenant reads, continues and deletes only its own."""
+    return response_id if tenant is None else f"{tenant}\x1f{response_id}"
+
+
 class Responses:
     def __init__(self, rt, metrics, state, error, stored=None):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
@@ -112,19 +118,20 @@ class Responses:
         return self.error(404, f"no stored response `{response_id}`", param="response_id",
                           code="not_found")
 
-    def get(self, response_id: str):
-        raw = self.stored.raw(response_id) if isinstance(self.stored, StoredResponses) else None
+    def get(self, response_id: str, tenant: str | None = None):
+        key = stored_key(response_id, tenant)
+        raw = self.stored.raw(key) if isinstance(self.stored, StoredResponses) else None
         if raw is not None:
             return Response(raw, media_type="application/json")  # as stored, byte for byte
-        got = self.stored.get(response_id)
+        got = self.stored.get(key)
         return self._missing(response_id) if got is None else got[0]
 
-    def delete(self, response_id: str):
-        if self.stored.pop(response_id, None) is None:
+    def delete(self, response_id: str, tenant: str | None = None):
+        if self.stored.pop(stored_key(response_id, tenant), None) is None:
             return self._missing(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    def parse(self, raw: bytes) -> tuple:
+    def parse(self, raw: bytes, tenant: str | None = None) -> tuple:
         seen = {"model": ""}
         try:
             body = read_body(raw)
@@ -141,7 +148,7 @@ class Responses:
             history = []
             prev = body.get("previous_response_id")
             if prev is not None:
-                got = self.stored.get(prev)
+                got = self.stored.get(stored_key(prev, tenant))
                 if got is None:
                     raise ApiError(404, f"no stored response `{prev}`", "previous_response_id",
                                    "previous_response_not_found")
@@ -156,6 +163,9 @@ class Responses:
                 sampling.update(logprobs=True, top_logprobs=top)
             opts, _, _, _ = completion_params(sampling)
             opts.update(fmt, **tools)
+            scope = cache_scope(tenant, body.get("prompt_cache_key"))
+            if scope is not None:
+                opts["cache_scope"] = scope
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise ApiError(400, "`stream` must be true or false", "stream")
@@ -206,26 +216,28 @@ class Responses:
                 "truncation": body.get("truncation", "disabled"), "reasoning": None,
                 "user": body.get("user")}
 
-    def _keep(self, rid: str, resp: dict, messages: list, text: str, store: bool, calls=None) -> None:
+    def _keep(self, rid: str, resp: dict, messages: list, text: str, store: bool, calls=None,
+              tenant: str | None = None) -> None:
         if resp["instructions"] is not None:
             messages = messages[1:]
         if store:
             reply = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
                 {"role": "assistant", "content": text}
-            self.stored[rid] = (resp, messages + [reply])  # store.py keeps it as JSON, in its budgets
+            self.stored[stored_key(rid, tenant)] = (resp, messages + [reply])  # store.py keeps it as JSON, in its budgets
             while not isinstance(self.stored, StoredResponses) and len(self.stored) > MAX_STORED:
                 self.stored.popitem(last=False)  # an OrderedDict given instead
 
     async def create(self, request: Request):
         state, metrics, error = self.state, self.metrics, self.error
-        got = await admit(request, state, metrics, error, self.parse)
+        tenant = tenant_of(request)
+        got = await admit(request, state, metrics, error, self.parse, tenant)
         if not isinstance(got, tuple):
             return got
         model, h, body, messages, stream, store = got
         state.live.add(h)
         rid, mid = "resp_" + uuid.uuid4().hex[:24], "msg_" + uuid.uuid4().hex[:24]
         if stream:
-            return sse(self._events(h, rid, mid, model, body, messages, store))
+            return sse(self._events(h, rid, mid, model, body, messages, store, tenant))
         watcher = asyncio.create_task(watch_disconnect(request, [h]))
         parts = []
         try:
@@ -247,10 +259,10 @@ class Responses:
                          r.stats.finish_reason)
         metrics.observe(model, r)
         resp = self._response(rid, mid, model, body, "completed", r.text, r)
-        self._keep(rid, resp, messages, r.text, store, r.tool_calls)
+        self._keep(rid, resp, messages, r.text, store, r.tool_calls, tenant)
         return resp
 
-    async def _events(self, h, rid, mid, model, body, messages, store):
+    async def _events(self, h, rid, mid, model, body, messages, store, tenant=None):
         seq = 0
 
         def event(kind: str, **data: Any) -> str:
@@ -307,7 +319,7 @@ class Responses:
                                 output_index=k, arguments=item["arguments"])
                     yield event("response.output_item.done", output_index=k, item=item)
                 self.metrics.observe(model, r)
-                self._keep(rid, resp, messages, "", store, r.tool_calls)
+                self._keep(rid, resp, messages, "", store, r.tool_calls, tenant)
                 yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
                             response=resp)
                 return
@@ -342,7 +354,7 @@ class Responses:
             yield event("response.content_part.done", **where, part=part)
             resp = self._response(rid, mid, model, body, "completed", text, r)
             yield event("response.output_item.done", output_index=0, item=resp["output"][0])
-            self._keep(rid, resp, messages, text, store)
+            self._keep(rid, resp, messages, text, store, tenant=tenant)
             yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
                         response=resp)
         except PrefixEdgeError as e:

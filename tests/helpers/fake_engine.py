@@ -183,9 +183,12 @@ class FakeEngine(OneSequence):
         """The one-sequence API's state (a prefilled prefix) as a prefix file."""
         self.write_snapshot(path, self.seq_snapshot(self.single_seq, ids), metadata)
 
-    def write_snapshot(self, path, prefix: Prefix, metadata: dict[str, str]) -> None:
+    def write_snapshot(self, path, prefix: Prefix, metadata: dict[str, str], mac_key: bytes | None = None) -> None:
         prefixfile.write(path, prefix.ids, {STATE: np.asarray(prefix.kv, np.int64)},
-                         {**metadata, "n_virtual": str(prefix.n_virtual), "backend": self.name})
+                         {**metadata, "n_virtual": str(prefix.n_virtual), "backend": self.name}, mac_key)
+
+    def snapshot_bytes(self, n_tokens: int) -> int:
+        return 16 * n_tokens + (1 << 20)  # its state: an int64 a position, and the ids
 
     def state_info(self) -> dict:
         return {"kind": "fake"}

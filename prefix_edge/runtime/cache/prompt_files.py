@@ -10,9 +10,13 @@ prefill chunk, and every chunk end with its chain key (prompt_cache.chain), thos
 covered by a checksum of their own so that the index can trust them from the header alone.
 
 At open the folder's headers are read (no KV): a lookup that misses memory but matches a file's
-key loads it: the codec checks the whole payload's CRC-32, the engine checks the arrays like a
-baked prefix (fingerprint, shapes, state version), and the ids are chained again and must give
-the file's keys. The file stays (an entry is copied into memory, never moved). Every file is
+key loads it: the codec checks the whole payload's CRC-32 and its MAC with this home's secret
+(paths.secret_key: a file anyone else wrote, e.g. another local user who can write the folder,
+is refused however well-formed), the engine checks the arrays like a baked prefix
+(fingerprint, shapes, state version), and the ids are chained again and must give the file's
+keys. Files are opened as untrusted (no symbolic link, no FIFO: a regular file only), and one
+larger than a snapshot of the positions its header names can be (Engine.snapshot_bytes) is
+refused before it is read. The file stays (an entry is copied into memory, never moved). Every file is
 untrusted: one that fails any of this is a one-line warning, a miss, and deleted. A well-formed
 file for another configuration of the same model (another prefill_chunk, another version of a
 task) is kept for that one and counted in the budget, never read here.
@@ -57,6 +61,7 @@ def root_digest(manifest) -> Callable[[str], str | None]:
     """root -> what a file of that root must carry as task_digest ("" for the base model; None:
     a task this bundle does not have)."""
     def digest(root: str) -> str | None:
+        root = root.split("|", 1)[0]  # a scoped root (prepare.cache_root): its task
         if root == "base":
             return ""
         task = root[5:] if root.startswith("task:") else None
@@ -78,8 +83,10 @@ class _File:
 class PromptFiles:
     def __init__(self, folder: Path, budget: int, backend: Any, fingerprint: str, chunk: int,
                  digest: Callable[[str], str | None], hits: int = DEFAULT_HITS,
-                 min_tokens: int = DEFAULT_MIN_TOKENS):
+                 min_tokens: int = DEFAULT_MIN_TOKENS, key: bytes | None = None):
+        """key: the MAC key every file is written with and must carry (paths.secret_key)."""
         self.folder, self.budget = Path(folder), max(0, int(budget))
+        self.key = key
         self.backend, self.fingerprint, self.chunk, self.digest = backend, fingerprint, chunk, digest
         self.hits, self.min_tokens = max(1, hits), max(1, min_tokens)
         self.loading = threading.Lock()   # one load at a time (the next finds it in memory)
@@ -107,7 +114,7 @@ class PromptFiles:
         """Index the folder's files from their headers; remove what cannot be read."""
         for p in sorted(self._entries()):
             try:
-                rec = self._record(p, prefixfile.metadata(p))
+                rec = self._record(p, prefixfile.metadata(p, untrusted=True))
             except PrefixEdgeError as e:
                 self._refuse(p, str(e))
                 continue
@@ -222,7 +229,9 @@ class PromptFiles:
         """(input ids, cuts, Prefix) of a file, checked through; None: refused (and deleted)."""
         path = rec.path
         try:
-            tensors, meta = prefixfile.read(path, verify=True)
+            n_all = n_root + rec.n  # positions the file holds, if it is what its header says
+            tensors, meta = prefixfile.read(path, verify=True, mac_key=self.key,
+                                            max_bytes=self.backend.snapshot_bytes(n_all) + 64 * len(rec.links))
             again = self._record(path, meta)  # the header as read now, whole-payload checked
             if again is None or again.links != rec.links or meta.get("root") != root:
                 raise PrefixEdgeError(f"{path}: it changed since it was indexed")
@@ -328,7 +337,7 @@ class PromptFiles:
         path = self.folder / name
         tmp = self.folder / f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
         try:
-            self.backend.write_snapshot(tmp, prefix, meta)
+            self.backend.write_snapshot(tmp, prefix, meta, self.key)
             _stamp(tmp)
             os.replace(tmp, path)  # never a half-written file under a name
         except BaseException as e:

@@ -110,8 +110,11 @@ class Conversation:
                 "task_digest": digest, "prefill_chunk": str(rt.prefill_chunk),
                 "messages": json.dumps(self.messages, ensure_ascii=False)}
 
-    def save(self, path: str | Path) -> bool:
-        """Write the conversation; True if its KV went with it (it is in the prompt cache)."""
+    def save(self, path: str | Path, signed: bool = False) -> bool:
+        """Write the conversation; True if its KV went with it (it is in the prompt cache).
+        signed: with a MAC under this home's secret (paths.secret_key), so that `load(...,
+        signed=True)` reads it back only as this user's process wrote it: for files kept where
+        others could write (a shared folder). A signed file loads only in the same home."""
         if self._busy:
             raise PrefixEdgeError("a reply is still streaming: save after it ends")
         path = _path(path)
@@ -120,6 +123,7 @@ class Conversation:
         if not path.parent.is_dir():
             raise PrefixEdgeError(f"{path}: its directory {path.parent} does not exist")
         meta = self._meta()
+        key = _key() if signed else None
         entry = None
         if self._last is not None:
             root, ids, cuts = self._last
@@ -129,11 +133,11 @@ class Conversation:
         tmp = path.with_name(path.name + ".tmp")
         try:
             if entry is not None:
-                self.rt.backend.write_snapshot(tmp, entry.prefix, meta)
+                self.rt.backend.write_snapshot(tmp, entry.prefix, meta, key)
             else:
                 from ...bundle import prefixfile
 
-                prefixfile.write(tmp, np.zeros(0, np.int64), {}, meta)
+                prefixfile.write(tmp, np.zeros(0, np.int64), {}, meta, key)
             tmp.replace(path)  # never a half-written conversation under its name
         except PrefixEdgeError:
             raise
@@ -150,14 +154,16 @@ class Conversation:
         return entry is not None
 
     @classmethod
-    def load(cls, rt: "Runtime", path: str | Path) -> "Conversation":
+    def load(cls, rt: "Runtime", path: str | Path, signed: bool = False) -> "Conversation":
+        """signed: the file must carry this home's MAC (saved with signed=True here)."""
         from ...bundle import prefixfile
 
         path = _path(path)
         where = str(path)
         if not path.is_file():
             raise PrefixEdgeError(f"{where}: no saved conversation there")
-        tensors, meta = prefixfile.read(path, verify=True)  # a flipped bit: refused
+        # a flipped bit, a symbolic link, a FIFO; signed: a file this home did not write: refused
+        tensors, meta = prefixfile.read(path, verify=True, mac_key=_key() if signed else None)
         if meta.get("format") != FORMAT:
             raise PrefixEdgeError(f"{where}: not a saved prefix-edge conversation")
         task = meta.get("task") or None
@@ -192,6 +198,15 @@ class Conversation:
                 conv.kv_restored = rt.prompts.put(root, ids, cuts, prefix)
                 conv._last = (root, ids, cuts)
         return conv
+
+
+def _key() -> bytes:
+    from ...paths import secret_key
+
+    try:
+        return secret_key()
+    except OSError as e:
+        raise PrefixEdgeError(f"cannot sign or check a conversation: {e}") from None
 
 
 def _path(path) -> Path:

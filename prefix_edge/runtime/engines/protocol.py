@@ -198,7 +198,10 @@ class Engine(Protocol):
 
     def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None: ...
 
-    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None: ...
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str],
+                       mac_key: bytes | None = None) -> None: ...  # mac_key: bundle/prefixfile.py
+
+    def snapshot_bytes(self, n_tokens: int) -> int: ...  # at most a snapshot file's bytes (refused unread above)
 
     def state_info(self) -> dict: ...
 

@@ -40,6 +40,7 @@ from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes
 
 class LlamaBackend(PrefixFiles, OneSequence):
     name = BACKEND
+    state_base_bytes = 0  # a state's bytes that do not grow with its cells (read_state_layout)
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,

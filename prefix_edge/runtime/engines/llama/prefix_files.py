@@ -59,6 +59,7 @@ class PrefixFiles:
         try:
             self.forward([(0, 0, np.zeros(2, np.int64))])
             raw = self.raw_state(0)
+            self.state_base_bytes = int(raw.nbytes)  # two cells and whatever does not grow with them
             err = None
             for parts in (1, 2):
                 try:
@@ -163,10 +164,17 @@ class PrefixFiles:
         """Write the current sequence (a prefilled prefix) as a prefix file."""
         write_prefix(path, ids, self.state_blob(), metadata, self.kv_type, self.expected_state())
 
-    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str],
+                       mac_key: bytes | None = None) -> None:
         """Write a Prefix (a seq_snapshot) as a prefix file, the codec's format."""
         write_prefix(path, prefix.ids, prefix.kv, {**metadata, "n_virtual": str(prefix.n_virtual)},
-                     self.kv_type, self.expected_state())
+                     self.kv_type, self.expected_state(), mac_key)
+
+    def snapshot_bytes(self, n_tokens: int) -> int:
+        """At most the bytes of a snapshot's file of n_tokens positions (its state blob: every
+        cell's rows, a cell's own record, the recurrent state the layout read showed; and the
+        file's ids and header), with room to spare: a larger file is refused unread."""
+        return 2 * (self.state_base_bytes + (self.bytes_per_cell + 64) * n_tokens) + 8 * n_tokens + (1 << 20)
 
     # -- KV as data (runtime/kv.py) ----------------------------------------------------------
     def kv_of(self, prefix: Prefix) -> KvLayers:
@@ -224,7 +232,7 @@ class PrefixFiles:
 
 
 def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, str],
-                 kv_type: str = "f16", expected: dict | None = None) -> None:
+                 kv_type: str = "f16", expected: dict | None = None, mac_key: bytes | None = None) -> None:
     """Write a gguf prefix file; the blob is walked first (against `expected`, the model's
     expected_state, where given), its facts go into the metadata.
     `metadata["n_virtual"]` (default 0) counts the leading cells that have no id in `ids`."""
@@ -239,5 +247,5 @@ def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, s
                  "v_trans": str(int(info.v_trans)), "kv_type": kv_type, "n_tokens": str(n_cells)})
     if info.recurrent:
         meta["recurrent_layers"] = str(len(info.recurrent.layers))
-    prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta)
+    prefixfile.write(path, ids, {prefixfile.STATE: np.frombuffer(bytes(blob), np.uint8)}, meta, mac_key)
 

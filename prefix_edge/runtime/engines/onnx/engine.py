@@ -115,6 +115,8 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         first = inputs[self.past_names[0]]
         self.n_layers = len(self.past_names) // 2
         self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
+        # the values one position adds to each KV input (heads x head_dim: layers may differ)
+        self.position_values = sum(int(inputs[n].shape[1]) * int(inputs[n].shape[3]) for n in self.past_names)
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
         self.fused = "seqlens_k" in inputs  # the own fused graph: KV extended in place

@@ -77,16 +77,24 @@ class PrefixFiles:
         write_prefix(path, ids, dict(zip(self.past_names, kv)), metadata, self.prefix_store,
                      dict(zip(self.state_names, self.rec.get(self.single_seq, []))))
 
-    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str]) -> None:
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str],
+                       mac_key: bytes | None = None) -> None:
         n = len(self.past_names)
         write_prefix(path, prefix.ids, dict(zip(self.past_names, prefix.kv[:n])),
                      {**metadata, "n_virtual": str(prefix.n_virtual)}, self.prefix_store,
-                     dict(zip(self.state_names, prefix.kv[n:])))
+                     dict(zip(self.state_names, prefix.kv[n:])), mac_key)
+
+    def snapshot_bytes(self, n_tokens: int) -> int:
+        """At most the bytes of a snapshot's file of n_tokens positions (every KV tensor at 4
+        bytes a value and its q8_0 scales, the recurrent states, the ids, the header), with
+        room to spare: a larger file is refused unread."""
+        return 2 * (4 * self.position_values * n_tokens + self.state_bytes()) + 8 * n_tokens + (1 << 20)
 
 
 def write_prefix(path: Path, ids: np.ndarray, kv: dict[str, np.ndarray], metadata: dict[str, str],
-                 store: str = "f32", states: dict[str, np.ndarray] | None = None) -> None:
+                 store: str = "f32", states: dict[str, np.ndarray] | None = None,
+                 mac_key: bytes | None = None) -> None:
     """`states`: a hybrid's recurrent states, stored float32 whatever `store` the KV takes."""
     tensors, extra = prefixfile.encode_kv(kv, store)
     tensors.update({n: np.ascontiguousarray(a, np.float32) for n, a in (states or {}).items()})
-    prefixfile.write(path, ids, tensors, {**metadata, **extra, "backend": "onnx"})
+    prefixfile.write(path, ids, tensors, {**metadata, **extra, "backend": "onnx"}, mac_key)
