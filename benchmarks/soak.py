@@ -1,7 +1,8 @@
 """A memory soak of `prefix-edge serve`: N seeded requests of a mix (chats of one and of several
 turns, Responses chains with tool calls and full metadata, constrained answers, streams the
 client leaves after two events, large stored responses, malformed bodies, chats with
-documents from a small pool, composed half the time), the server's RSS and
+documents from a small pool, composed half the time, embeddings of texts and of long token-id
+inputs with every pooling), the server's RSS and
 its stores' bytes (/metrics `prefix_edge_memory_bytes`) sampled as they run, against the bound
 docs/server.md states: after warm-up the RSS grows by at most the stores' budgets.
 
@@ -73,7 +74,7 @@ class Mix:
         r = self.rng
         with self.lock:
             kind = r.choice(["chat", "chat", "turns", "chain", "chain", "tool", "constraint",
-                             "leave", "big", "bad", "documents"] + (["text"] if self.text else []))
+                             "leave", "big", "bad", "documents", "embeddings"] + (["text"] if self.text else []))
             task, mt = r.choice(self.chat), r.randint(1, 12)
             if kind == "chat":
                 return "POST", "/v1/chat/completions", {"model": task, "max_tokens": mt, "messages": [
@@ -83,6 +84,11 @@ class Mix:
                 return "POST", "/v1/chat/completions", {
                     "model": "base", "max_tokens": mt, "documents": docs, "compose_documents": r.random() < 0.5,
                     "messages": [{"role": "user", "content": self.words(2, 12)}], "stream": r.random() < 0.3}, 1
+            if kind == "embeddings":  # texts, or now and then long token-id inputs; any pooling
+                inp = [[r.randrange(3, 300) for _ in range(300)] for _ in range(4)] if r.random() < 0.15 \
+                    else [self.words(2, 30) for _ in range(r.randint(1, 8))]
+                return "POST", "/v1/embeddings", {"model": "base", "input": inp,
+                                                  "pooling": r.choice(["prompt", "mean", "last"])}, 0
             if kind == "turns":
                 msgs = []
                 for _ in range(r.randint(2, 4)):

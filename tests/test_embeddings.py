@@ -251,3 +251,96 @@ def test_bad_requests_are_4xx_naming_the_field(served, body, status, param):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"] and "\n" not in err["message"], err
+
+
+# -- embeddings under the same limits as chats (issue 50) ---------------------------------------
+BIG = [[(7 * i + j) % 390 + 3 for j in range(400)] for i in range(150)]  # 150 texts of 400 ids: 60,000 tokens
+
+
+@pytest.mark.parametrize("backend", ["onnx", "gguf"])
+def test_a_small_call_is_not_stuck_behind_a_big_one_and_a_cancel_drops_it(bundle_fp32, backend):
+    """A call of 150 long texts, then a one-text call: the small one is answered while the big
+    one still runs (texts are taken from the calls in turn), with the vector it gets alone; the
+    big one cancelled then leaves nothing waiting, and the embedder answers the next call."""
+    with Runtime.open(bundle_fp32, backend=backend) as rt:
+        alone = rt.embed(TEXTS[:1])
+        big = rt.embeddings.submit(BIG, "mean")
+        small = rt.embed(TEXTS[:1])
+        assert not big.future.done(), "the small call waited for the whole big one"
+        assert np.abs(small - alone).max() < GGUF_BATCH_TOL
+        rt.embeddings.cancel(big)
+        info = rt.embeddings.info()
+        assert info["waiting_texts"] == 0 and info["waiting_tokens"] == 0 and info["cancelled"] == 1
+        assert big.future.cancelled()
+        assert np.abs(rt.embed(TEXTS[:1]) - alone).max() < GGUF_BATCH_TOL
+
+
+def test_the_queue_and_a_call_are_bounded(bundle_fp32):
+    """A call over REQUEST_TOKENS is refused naming `input`; a flood of calls fills the queue
+    to QUEUE_TOKENS, then each further call is RuntimeBusy (the server's 429), counted; what
+    waits never exceeds the bound; cancelling them empties the queue."""
+    from prefix_edge.errors import RuntimeBusy
+    from prefix_edge.runtime.embedding import QUEUE_TOKENS, REQUEST_TOKENS
+
+    with Runtime.open(bundle_fp32, backend="gguf") as rt:
+        with pytest.raises(OptionError, match=f"at most {REQUEST_TOKENS}") as e:
+            rt.embeddings.submit(BIG * 2, "mean")
+        assert e.value.field == "input"
+        jobs, busy = [], 0
+        for _ in range(20):  # 20 x 60,000 tokens: 4.6x the queue's bound
+            try:
+                jobs.append(rt.embeddings.submit(BIG, "mean"))
+            except RuntimeBusy as err:
+                busy += 1
+                assert "embeddings queue is full" in str(err)
+            assert rt.embeddings.info()["waiting_tokens"] <= QUEUE_TOKENS
+        assert busy >= 10 and rt.embeddings.info()["refused"] == busy
+        for j in jobs:
+            rt.embeddings.cancel(j)
+        assert rt.embeddings.info()["waiting_tokens"] == 0
+
+
+def test_a_client_that_hangs_up_stops_its_embeddings(served):
+    """The trial: a call of 100 texts of 1,000 ids whose client closed after 3 s kept a core busy
+    for minutes. Now its texts not yet run are dropped: /health shows nothing waiting soon after,
+    /metrics counts the cancel and a disconnect (499), and the next call is answered."""
+    import time
+
+    import httpx
+
+    def get(path):
+        return httpx.get(served + path, timeout=30)
+    before = get("/metrics").text
+
+    def hang_up(_):  # four such clients at once: 240,000 tokens, far more than 0.5 s of work
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(served + "/v1/embeddings", json={"model": "base", "input": BIG, "pooling": "mean"},
+                       timeout=0.5)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(hang_up, range(4)))
+    for _ in range(300):  # the batch running when it hung up ends; nothing after it runs
+        emb = get("/health").json()["embeddings"]
+        if emb["waiting_texts"] == 0 and emb["running_texts"] == 0:
+            break
+        time.sleep(0.1)
+    assert emb == {"running_texts": 0, "waiting_texts": 0, "waiting_tokens": 0}, emb
+    text = get("/metrics").text
+
+    def value(t, name):
+        return float(next((ln.rsplit(" ", 1)[1] for ln in t.splitlines() if ln.startswith(name + " ")), 0))
+    assert value(text, "prefix_edge_embeddings_cancelled_total") == value(before, "prefix_edge_embeddings_cancelled_total") + 4
+    assert value(text, "prefix_edge_client_disconnects_total") == value(before, "prefix_edge_client_disconnects_total") + 4
+    assert value(text, 'prefix_edge_requests_total{model="base",status="499"}') >= 4
+    r = httpx.post(served + "/v1/embeddings", json={"model": "base", "input": "hello"}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_a_call_over_the_budget_is_a_400_naming_input(served):
+    """The trial's 100 texts of 1,000 ids (here 250 of 400: the tiny model's context is 512):
+    refused at once (no core kept busy for minutes)."""
+    import httpx
+
+    r = httpx.post(served + "/v1/embeddings", json={"model": "base", "input": BIG + BIG[:100]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text

@@ -14,10 +14,16 @@ within float rounding, tests/test_embeddings.py) nor on the engine beyond the mo
 own difference (docs/embeddings.md has the measured cosines).
 
 Threads: the embedder has one thread of its own, started on the first call, which alone touches
-its native state (llama.cpp's embeddings contexts, the ONNX KV buffer); the scheduler's engine
+its native state (llama.cpp's embeddings context, the ONNX KV buffer); the scheduler's engine
 thread is not involved, and the two share the CPU. Calls from any thread queue their texts; the
 embedder's thread takes the queue in batches (up to MAX_BATCH texts and `cells` tokens for
 llama.cpp, whose one llama_decode runs them together), so concurrent callers are batched together.
+
+Limits, as for chats: a call holds at most `request_tokens` tokens (OptionError naming `input`),
+the queue at most `queue_tokens` (RuntimeBusy: the server's 429); a batch takes its texts from
+the waiting calls in turn (one text of each, round and round), so a small call is not stuck
+behind a large one; `cancel(job)` (a client that hung up) drops a call's texts not yet run. The
+engine's native state is freed after IDLE_S seconds without a call (and made again at the next).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
 
-from ..errors import PrefixEdgeError, RuntimeClosed
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import MAX_INPUT_BYTES, OptionError, check_text
 
 POOLINGS = ("mean", "last", "prompt")
@@ -40,6 +46,9 @@ PROMPT_HEAD, PROMPT_TAIL = 'This sentence : "', '" means in one word:"'
 MAX_INPUTS = 2048   # texts in one call (OpenAI's limit for one embeddings request)
 MAX_TOKENS = 2048   # tokens of one text (and of one llama.cpp batch: its embeddings context's cells)
 MAX_BATCH = 16      # texts the embedder's thread runs together (llama.cpp: one llama_decode)
+REQUEST_TOKENS = 65536   # tokens one call may hold (32 full-length texts)
+QUEUE_TOKENS = 262144    # tokens waiting at most, all calls together; beyond: RuntimeBusy
+IDLE_S = 60.0            # seconds without a call after which the native state is freed
 
 
 class Job:
@@ -51,17 +60,24 @@ class Job:
         self.left = len(ids)
         self.future: Future = Future()
         self.tokens = sum(len(i) for i in ids) - wrap * len(ids)  # the input's (no prompt's)
+        self.cost = sum(len(i) for i in ids)  # what it holds in the queue (with the prompt's)
+        self.next = 0  # its first text not yet taken
 
 
 class Embedder:
     """The runtime's embeddings: `submit(items, pooling, normalize)` -> a Future of the
     (n, d) float32 array; `embed(...)` waits for it."""
 
-    def __init__(self, backend, tokenizer, n_ctx: int):
+    def __init__(self, backend, tokenizer, n_ctx: int, request_tokens: int = REQUEST_TOKENS,
+                 queue_tokens: int = QUEUE_TOKENS, idle_s: float = IDLE_S):
         self.backend, self.tokenizer = backend, tokenizer
         self.max_tokens = min(n_ctx, MAX_TOKENS)
+        self.request_tokens, self.queue_tokens, self.idle_s = request_tokens, queue_tokens, idle_s
         self.n_vocab = int(backend.n_vocab)
-        self._units: deque = deque()  # (job, index) of texts not yet run
+        self._jobs: deque = deque()  # calls with texts not yet taken, in turn
+        self._queued = 0             # their tokens not yet taken
+        self.running = 0             # texts being run now
+        self.done = self.cancelled = self.refused = 0  # calls answered / cancelled / refused busy
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -143,48 +159,94 @@ class Embedder:
             raise PrefixEdgeError(why)
         wrap = sum(map(len, self._wrap())) if pooling == "prompt" else 0
         job = Job(self.prepare(items, field, pooling), pooling, normalize, wrap)
+        if job.cost > self.request_tokens:
+            raise OptionError(field, f"{field} is {job.cost} tokens in all; one call may hold at most "
+                                     f"{self.request_tokens}: split it")
         with self._cv:
             if self._closed:
                 raise RuntimeClosed("the runtime is closed")
+            if self._queued + job.cost > self.queue_tokens:
+                self.refused += 1
+                raise RuntimeBusy(f"the embeddings queue is full ({self._queued} tokens waiting, at most "
+                                  f"{self.queue_tokens}): try again shortly")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="prefix-edge-embed", daemon=True)
                 self._thread.start()
-            self._units.extend((job, i) for i in range(len(job.ids)))
+            self._jobs.append(job)
+            self._queued += job.cost
             self._cv.notify()
+        job.future.add_done_callback(lambda f, job=job: f.cancelled() and self._drop(job))
         return job
+
+    def cancel(self, job: Job) -> None:
+        """A call nobody waits for any more (its client hung up): its texts not yet run are
+        dropped; the batch running now ends as it is."""
+        job.future.cancel()
+
+    def _drop(self, job: Job) -> None:
+        with self._cv:
+            if job in self._jobs:
+                self._jobs.remove(job)
+                self._queued -= sum(len(x) for x in job.ids[job.next:])
+            self.cancelled += 1
+
+    def info(self) -> dict:
+        """Waiting calls, texts and tokens, texts running, calls answered, cancelled, refused."""
+        with self._cv:
+            return {"waiting_calls": len(self._jobs),
+                    "waiting_texts": sum(len(j.ids) - j.next for j in self._jobs),
+                    "waiting_tokens": self._queued, "running_texts": self.running,
+                    "done": self.done, "cancelled": self.cancelled, "refused": self.refused,
+                    "open": self._runner is not None}
 
     def embed(self, items, pooling: str = DEFAULT_POOLING, normalize: bool = True) -> np.ndarray:
         return self.submit(items, pooling, normalize).future.result()
 
     # -- the embedder's thread -----------------------------------------------------------------
     def _take(self) -> list:
-        """The next batch: queued texts of the first one's pooling, in order, up to MAX_BATCH
-        texts and (llama.cpp) max_tokens tokens."""
-        first = self._units[0][0].pooling
-        batch, tokens, keep = [], 0, deque()
+        """The next batch: one text of each waiting call in turn (calls of the first one's
+        pooling), round and round, up to the engine's texts per run and max_tokens tokens;
+        the calls are rotated so that the next batch starts with the next call."""
+        first = self._jobs[0].pooling
+        batch, tokens = [], 0
         cap = self.offer.texts_per_run
-        while self._units:
-            job, i = unit = self._units.popleft()
-            n = len(job.ids[i])
-            if job.future.done() or (len(batch) < cap and job.pooling == first and tokens + n <= self.max_tokens):
-                if not job.future.done():
-                    batch.append(unit)
-                    tokens += n
-            else:
-                keep.append(unit)
-        self._units.extendleft(reversed(keep))
+        progress = True
+        while progress and len(batch) < cap:
+            progress = False
+            for job in list(self._jobs):
+                if len(batch) >= cap:
+                    break
+                if job.pooling != first or job.next >= len(job.ids) or job.future.done():
+                    continue
+                n = len(job.ids[job.next])
+                if tokens + n > self.max_tokens:
+                    continue
+                batch.append((job, job.next))
+                job.next += 1
+                tokens += n
+                self._queued -= n
+                progress = True
+        for job in [j for j in self._jobs if j.next >= len(j.ids) or j.future.done()]:
+            self._jobs.remove(job)
+        self._jobs.rotate(-1)
         return batch
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._units and not self._closed:
-                    self._cv.wait()
+                while not self._jobs and not self._closed:
+                    if not self._cv.wait(self.idle_s if self._runner is not None else None) \
+                            and not self._jobs and self._runner is not None:
+                        self._runner.close()  # idle: the native state goes (made again when needed)
+                        self._runner = None
                 if self._closed:
                     return
                 batch = self._take()
+                self.running = len(batch)
             if batch:
                 self._run(batch)
+            with self._cv:
+                self.running = 0
 
     def _run(self, batch: list) -> None:
         try:
@@ -201,8 +263,9 @@ class Embedder:
                 v = v / max(float(np.linalg.norm(v)), 1e-12)
             job.out[i] = v.astype(np.float32, copy=False)
             job.left -= 1
-            if job.left == 0:
-                _settle(job.future, np.stack(job.out))
+            if job.left == 0 and _settle(job.future, np.stack(job.out)):
+                with self._cv:
+                    self.done += 1
 
     @property
     def dimensions(self) -> int:
@@ -223,22 +286,24 @@ class Embedder:
         if thread is not None:
             thread.join()
         with self._cv:
-            left, self._units = list(self._units), deque()
-        for job, _ in left:
+            left, self._jobs, self._queued = list(self._jobs), deque(), 0
+        for job in left:
             _settle(job.future, error=RuntimeClosed("the runtime is closed"))
         if self._runner is not None:
             self._runner.close()
             self._runner = None
 
 
-def _settle(future: Future, value=None, error: BaseException | None = None) -> None:
+def _settle(future: Future, value=None, error: BaseException | None = None) -> bool:
     """A call's result or error, unless it is over already (failed, or cancelled by its caller
-    from another thread meanwhile)."""
+    from another thread meanwhile); whether it was set."""
     try:
         if not future.done():
             future.set_exception(error) if error is not None else future.set_result(value)
+            return True
     except InvalidStateError:
         pass
+    return False
 
 
 def _kind(v) -> str:

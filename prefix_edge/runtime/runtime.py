@@ -352,6 +352,7 @@ class Runtime:
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
                 "document_cache": self.documents.info(), "host_cache": self.host.info(),
+                "embeddings": self.embeddings.info(),
                 # what one more token in a decode forward costs here, as a share of a step
                 # (measured from this runtime's forwards; drafting sizes lookups by it)
                 "draft_row_cost": round(s.drafting.cost.share(), 3), **s.stats}

@@ -95,8 +95,11 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     @app.get("/health")
     async def health():
         info = rt.engine_info()
+        emb = rt.embeddings.info()
         return {"status": "ok" if not rt.closed else "closed", "backend": info["backend"],
-                "tasks": len(tasks), "active": info["active"], "waiting": info["waiting"]}
+                "tasks": len(tasks), "active": info["active"], "waiting": info["waiting"],
+                "embeddings": {"running_texts": emb["running_texts"], "waiting_texts": emb["waiting_texts"],
+                               "waiting_tokens": emb["waiting_tokens"]}}
 
     @app.get("/metrics")
     async def prom():

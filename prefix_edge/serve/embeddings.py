@@ -9,7 +9,10 @@ vectors made under different prefixes would not be comparable: docs/embeddings.m
 embedding: cutting it is not a smaller embedding). Extensions: `pooling` ("prompt", the default; "mean", "last") and
 `normalize` (default true). The body is checked and tokenized in a worker thread, the vectors
 made by the runtime's embedder thread (runtime/embedding.py) while the response waits holding
-no thread; errors are OpenAI-shaped 4xx naming the field.
+no thread; errors are OpenAI-shaped 4xx naming the field. Limits as for chats: a call over the
+embedder's token budget is a 400 naming `input`, a full embeddings queue a 429 with
+Retry-After; a client that hangs up has its texts not yet run dropped (counted as a disconnect,
+499, in /metrics); /health counts the waiting embeddings.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import base64
 import numpy as np
 from fastapi import Request
 
-from ..errors import PrefixEdgeError, RuntimeClosed
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from ..runtime.embedding import DEFAULT_POOLING
-from .completions import BASE_MODEL, admit
+from .completions import BASE_MODEL, DISCONNECTED, admit
 from .fields import INT, STR, S, check_fields, read_body
 from .schema import ApiError
 
@@ -80,7 +83,7 @@ class Embeddings:
             except OptionError as e:
                 raise ApiError(400, str(e), e.field) from None
             return model, job, enc
-        except (ApiError, RuntimeClosed) as e:
+        except (ApiError, RuntimeBusy, RuntimeClosed) as e:
             e.model = model if isinstance(model, str) else ""
             raise
 
@@ -90,19 +93,39 @@ class Embeddings:
         if not isinstance(got, tuple):
             return got
         model, job, enc = got
+        waiting = asyncio.wrap_future(job.future)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            vectors = await asyncio.wrap_future(job.future)
+            await asyncio.wait([waiting, gone], return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():  # the client hung up: its texts not yet run are dropped
+                self.rt.embeddings.cancel(job)
+                metrics.count(model, DISCONNECTED)
+                metrics.disconnected += 1
+                return error(400, "the client disconnected", code="client_disconnected")  # nobody reads it
+            vectors = waiting.result()
+        except asyncio.CancelledError:
+            self.rt.embeddings.cancel(job)
+            raise
         except RuntimeClosed as e:
             metrics.count(model, 503)
             return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
         except PrefixEdgeError as e:
             metrics.count(model, 500)
             return error(500, str(e), "server_error")
+        finally:
+            gone.cancel()
         metrics.count(model, 200)
         data = [{"object": "embedding", "index": i, "embedding": _encode(v, enc)}
                 for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": model,
                 "usage": {"prompt_tokens": job.tokens, "total_tokens": job.tokens}}
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client's connection has gone (its body is read: the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _encode(v: np.ndarray, enc: str):

@@ -73,6 +73,13 @@ class Metrics:
                 f"prefix_edge_active_requests {engine.get('active', 0)}",
                 "# TYPE prefix_edge_waiting_requests gauge",
                 f"prefix_edge_waiting_requests {engine.get('waiting', 0)}"]
+        emb = engine.get("embeddings") or {}  # runtime/embedding.py: texts, not calls, but for the last two
+        for name, kind, key in (("waiting_texts", "gauge", "waiting_texts"),
+                                ("waiting_tokens", "gauge", "waiting_tokens"),
+                                ("running_texts", "gauge", "running_texts"),
+                                ("cancelled_total", "counter", "cancelled"),
+                                ("refused_total", "counter", "refused")):
+            out += [f"# TYPE prefix_edge_embeddings_{name} {kind}", f"prefix_edge_embeddings_{name} {emb.get(key, 0)}"]
         prompts = engine.get("prompt_cache") or {}
         out += ["# TYPE prefix_edge_prompt_cache_hits_total counter",
                 f"prefix_edge_prompt_cache_hits_total {prompts.get('hits', 0)}",
