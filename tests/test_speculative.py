@@ -126,9 +126,14 @@ def test_row_cost_is_measured_from_decode_forwards():
         s.submit(r)
         outcome(r)
         assert 1 in s.drafting.cost.t and max(s.drafting.cost.t) > 1
-        assert s.drafting.fared[r.task] == (r.drafter.rate, r.drafter.misses)  # for its next request
     finally:
         s.close()
+    c = RowCost(calibrated=2)  # fixed once two of each kind were timed
+    for n, t in ((1, 0.010), (3, 0.014), (1, 0.010), (3, 0.014)):
+        c.observe(n, t)
+    assert c.frozen and c.share() == pytest.approx(0.2)
+    c.observe(3, 0.5)
+    assert c.share() == pytest.approx(0.2) and c.t[3] == pytest.approx(0.014)
 
 
 def test_lookups_are_as_long_as_their_rows_pay():
@@ -149,8 +154,7 @@ def test_lookups_are_as_long_as_their_rows_pay():
         return n
 
     assert [skipped() for _ in range(8)] == [0, 2, 4, 8, 16, 32, 64, 64]
-    # a request of a task whose last request left its lookups missing starts in that pause,
-    # then probes one token
+    # a drafter started in a pause (rate, misses given) waits that long, then probes one token
     d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64), rate=0.2, misses=3)
     assert [d.propose([2, 3], None, 4, 0.5) for _ in range(5)] == [[], [], [], [], [4]]
 
@@ -301,6 +305,37 @@ def test_lookup_equals_off_on_the_engines(bundle_fp32, backend):
         assert s.wait().stats.finish_reason in ("cancelled", "length")
         assert rt.generate(None, REPEATS[0], max_tokens=32, speculative="lookup").tokens == refs[REPEATS[0]]
         assert rt.backend.verifies and accepted > 0  # both engines verify drafts of this model
+
+
+def test_a_lookup_answer_does_not_move_with_other_requests(bundle_fp32):
+    """Issue 50's trial: the same greedy lookup request gave three answers amid other clients'
+    traffic (a task's requests shared their drafting state, and a row's measured cost moved
+    with every forward). Now every request starts from the same state and, once the cost is
+    calibrated, it is fixed: on ONNX (a graph run per sequence) the request's tokens are the
+    same alone and beside three other lookup requests of other texts, every time."""
+    from prefix_edge.runtime.runtime import Runtime
+
+    with Runtime.open(bundle_fp32, backend="onnx", threads=1, slots=4) as rt:
+        cost = rt._sched.drafting.cost
+        while not cost.frozen:  # calibration: the runtime's first decode forwards of each kind
+            rt.generate(None, REPEATS[0], max_tokens=40, speculative="lookup")
+        share = cost.share()
+        alone = rt.generate("raw", REPEATS[1], max_tokens=40, speculative="lookup")
+        for round_ in range(3):
+            got: dict = {}
+
+            def go(i, text, task):
+                got[i] = rt.generate(task, text, max_tokens=40, speculative="lookup")
+            jobs = [(0, REPEATS[1], "raw")] + [(i, REPEATS[(i + round_) % len(REPEATS)] + f" {i}", None)
+                                                for i in (1, 2, 3)]
+            threads = [threading.Thread(target=go, args=job) for job in jobs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert got[0].tokens == alone.tokens, round_
+            assert got[0].stats.drafted_tokens == alone.stats.drafted_tokens  # the same drafts, too
+        assert cost.share() == share
 
 
 def test_the_server_takes_speculative_and_reports_predicted_tokens(client, local):

@@ -33,8 +33,13 @@ measured, not assumed (RowCost: the scheduler's own decode forwards, timed by th
 count): a lookup token is drafted only where the share of lookup tokens kept lately pays for its
 row (llama.cpp on a small CPU: a row costs most of a step, so lookups must be kept nearly
 always; ONNX Runtime's int4 kernels: a tenth of one, so most lookups pay;
-benchmarks/verify_cost.py). A task's next request starts where its last left its lookups
-(Drafting.fared). Verifying k tokens at once is a k-token prefill, whose last bits can differ
+benchmarks/verify_cost.py), until CALIBRATED forwards of each kind have been timed; then it is
+fixed for the runtime's life. Every request starts from the same drafting state. So, once the
+cost is fixed, what a request drafts is a function of the request alone, never of other
+requests (before, a task's next request started where its last left its lookups, and the cost
+moved with every forward: the same greedy request gave three answers amid other traffic);
+on ONNX each sequence runs a graph run of its own, so its answer is then the same whatever
+else runs. Verifying k tokens at once is a k-token prefill, whose last bits can differ
 from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
 its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
@@ -60,6 +65,7 @@ ROW_FLOOR = 0.05  # the least a row is taken to cost, however cheap it measured
 MAX_TIMED = 16    # decode forwards of up to this many tokens are timed
 NGRAMS = (3, 2)   # n-gram lengths looked up, longest first
 MAX_HISTORY = 8192  # the last this many tokens of prompt + answer are searched
+CALIBRATED = 32     # timed decode forwards of one token, and of more, after which a row's cost is fixed
 
 
 class Drafting:
@@ -70,9 +76,6 @@ class Drafting:
         self.backend, self.stats = backend, stats
         self.said = False  # an engine that cannot verify drafts is said once
         self.cost = RowCost()
-        # per task: how its lookups fared lately (kept share, misses in a row), where a new
-        # request of it starts (a free-text task's requests start paused, not optimistic)
-        self.fared: dict[str, tuple[float, int]] = {}
 
     def draft(self, r, budget: int) -> list[int] | None:
         """r's draft to forward after its next token (speculative="lookup"), or None: its
@@ -86,8 +89,7 @@ class Drafting:
                 r.speculative = "off"
                 return None
             first = r.parent if r.parent is not None else r  # a choice: its first one's input
-            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]),
-                                *self.fared.get(r.task, ()))
+            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]))
         limit = min(budget, r.max_tokens - r.n_samples - 1)
         draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit, self.cost.share()) if limit > 0 else []
         return draft or None
@@ -109,8 +111,6 @@ class Drafting:
         n = accept(r, rows, draft, sample)
         r.pos = pos + 1 + n
         r.drafter.update(len(draft), n)
-        if r.drafter.looked:
-            self.fared[r.task] = (r.drafter.rate, r.drafter.misses)
         self.stats["drafted"] += len(draft)
         self.stats["accepted"] += n
         if not r.done and n < len(draft):
@@ -210,14 +210,22 @@ class RowCost:
     """What one more token in a decode forward costs on this machine, as a share of a one-token
     step: from the scheduler's own decode forwards (observe: tokens in it, seconds), an
     exponential average per token count, the slope over them against one token's time. Until
-    forwards of one token and of more have both been seen, ROW_PRIOR."""
+    forwards of one token and of more have both been seen, ROW_PRIOR; once `calibrated` of each
+    have been timed, fixed (`frozen`): drafts no longer move with how busy the machine was."""
 
-    def __init__(self):
+    def __init__(self, calibrated: int = CALIBRATED):
         self.t: dict[int, float] = {}
         self._share = ROW_PRIOR  # recomputed once per forward timed, read by every draft
+        self.calibrated = calibrated
+        self.seen = [0, 0]  # timed forwards of one token, of more
+        self.frozen = False
 
     def observe(self, tokens: int, seconds: float) -> None:
+        if self.frozen:
+            return
         if 1 <= tokens <= MAX_TIMED:
+            self.seen[tokens > 1] += 1
+            self.frozen = min(self.seen) >= self.calibrated
             old = self.t.get(tokens)
             self.t[tokens] = seconds if old is None else 0.8 * old + 0.2 * seconds
             one = self.t.get(1)
