@@ -344,3 +344,34 @@ def test_a_call_over_the_budget_is_a_400_naming_input(served):
 
     r = httpx.post(served + "/v1/embeddings", json={"model": "base", "input": BIG + BIG[:100]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+
+
+def test_a_flood_of_embeddings_is_429_not_an_unbounded_queue(served):
+    """The trial: 70 calls of 100,000 tokens were all accepted (no 429, invisible in /health).
+    Eight clients at once each send 60,000 tokens: the queue takes what fits its 262,144-token
+    bound and answers the rest 429 with Retry-After (OpenAI's rate_limit_error); the clients
+    then hang up, and nothing is left waiting."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    def send(_):
+        try:
+            r = httpx.post(served + "/v1/embeddings", json={"model": "base", "input": BIG, "pooling": "last"},
+                           timeout=3)
+            return r.status_code, r.headers.get("retry-after"), r.json()["error"]["type"] if r.status_code != 200 else None
+        except httpx.ReadTimeout:
+            return "hung up", None, None
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(send, range(8)))
+    busy = [g for g in got if g[0] == 429]
+    assert busy and all(g[1] == "1" and g[2] == "rate_limit_error" for g in busy), got
+    assert all(g[0] in (429, 200, "hung up") for g in got), got
+    for _ in range(300):
+        emb = httpx.get(served + "/health", timeout=30).json()["embeddings"]
+        if emb["waiting_texts"] == 0 and emb["running_texts"] == 0:
+            break
+        time.sleep(0.1)
+    assert emb["waiting_tokens"] == 0, emb
