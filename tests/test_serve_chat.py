@@ -140,6 +140,25 @@ def test_responses_api(client, local, server):
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "previous_response_id"
 
 
+def test_responses_echo_the_cap_that_applied(client, local):
+    """The client trial: a stream to a task ended `incomplete` (reason max_output_tokens) while
+    echoing `max_output_tokens: null`; the cap was the task file's max_tokens. The response
+    (created event, final one, and the stored one) echoes the cap that applied: the request's,
+    else the task's, else what the context leaves."""
+    task_cap = local.manifest.tasks["support"].defaults["max_tokens"]
+    ref = local.generate("support", messages=[{"role": "user", "content": INPUTS[0]}])
+    events = list(client.responses.create(model="support", input=INPUTS[0], stream=True))
+    created, last = events[0].response, events[-1].response
+    assert created.max_output_tokens == task_cap and last.max_output_tokens == task_cap
+    assert last.status == ("incomplete" if ref.stats.finish_reason == "length" else "completed")
+    if last.status == "incomplete":
+        assert last.incomplete_details.reason == "max_output_tokens" and last.usage.output_tokens == task_cap
+    assert client.responses.retrieve(last.id).max_output_tokens == task_cap
+    assert client.responses.create(model="support", input=INPUTS[0], max_output_tokens=5).max_output_tokens == 5
+    base = client.responses.create(model="base", input=INPUTS[0], max_output_tokens=None)
+    assert base.max_output_tokens > 64  # the context's room, not null
+
+
 def test_langchain_chat_openai(server, local):
     lc = pytest.importorskip("langchain_openai")
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage

@@ -57,6 +57,12 @@ class Stream:
         self._ended = False
         self.on_end = None  # fn(Result or None on error), once, in the consumer's thread
 
+    @property
+    def max_tokens(self) -> int:
+        """The tokens this request may generate at most: its max_tokens, else its task's, else
+        what the context leaves (what a "length" finish means)."""
+        return self._req.max_tokens
+
     def __iter__(self) -> "Stream":
         return self
 
@@ -147,6 +153,10 @@ class AsyncStream:
     @property
     def done(self) -> bool:
         return self._s.done
+
+    @property
+    def max_tokens(self) -> int:
+        return self._s.max_tokens
 
     def cancel(self, reason: str = "cancelled") -> None:
         self._s.cancel(reason)

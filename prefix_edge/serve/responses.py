@@ -182,7 +182,10 @@ class Responses:
             raise
 
     def _response(self, rid: str, mid: str, model: str, body: dict, status: str, text: str | None,
-                  result=None, call_id: str | None = None) -> dict:
+                  result=None, call_id: str | None = None, cap: int | None = None) -> dict:
+        """cap: the output tokens the request may write (its max_output_tokens, else its task's
+        max_tokens, else what the context leaves), echoed as max_output_tokens: what an
+        `incomplete` with reason max_output_tokens ran into."""
         incomplete = None
         if result is not None and result.stats.finish_reason in ("length", "timeout"):
             status, incomplete = "incomplete", {"reason": "max_output_tokens"}
@@ -207,7 +210,7 @@ class Responses:
         return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
                 "model": model, "output": out, "usage": use, "error": None,
                 "incomplete_details": incomplete, "instructions": body.get("instructions"),
-                "max_output_tokens": body.get("max_output_tokens"),
+                "max_output_tokens": body.get("max_output_tokens") if cap is None else cap,
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "parallel_tool_calls": body.get("parallel_tool_calls", True),
                 "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [], "text": (body.get("text") or {"format": {"type": "text"}}),
@@ -258,7 +261,7 @@ class Responses:
             return error(503, "the request was cut before it finished", "server_error", None,
                          r.stats.finish_reason)
         metrics.observe(model, r)
-        resp = self._response(rid, mid, model, body, "completed", r.text, r)
+        resp = self._response(rid, mid, model, body, "completed", r.text, r, cap=h.max_tokens)
         self._keep(rid, resp, messages, r.text, store, r.tool_calls, tenant)
         return resp
 
@@ -274,7 +277,7 @@ class Responses:
         where = {"item_id": mid, "output_index": 0, "content_index": 0}
         parts, sent = [], 0
         try:
-            start_resp = self._response(rid, mid, model, body, "in_progress", None)
+            start_resp = self._response(rid, mid, model, body, "in_progress", None, cap=h.max_tokens)
             yield event("response.created", response=start_resp)
             yield event("response.in_progress", response=start_resp)
             router = AnswerRouter(h.tools_guided) if h.tools_offered else None
@@ -308,7 +311,7 @@ class Responses:
             streamed = router is not None and router.streamed_call
             if r is not None and r.tool_calls and r.stats.finish_reason != "shutdown":
                 resp = self._response(rid, mid, model, body, "completed", None, r,
-                                      router.writer.id if streamed else None)
+                                      router.writer.id if streamed else None, cap=h.max_tokens)
                 for k, item in enumerate(resp["output"]):
                     if not streamed:
                         yield event("response.output_item.added", output_index=k,
@@ -352,7 +355,7 @@ class Responses:
             part = {"type": "output_text", "text": text, "annotations": []}
             yield event("response.output_text.done", **where, text=text, logprobs=[])
             yield event("response.content_part.done", **where, part=part)
-            resp = self._response(rid, mid, model, body, "completed", text, r)
+            resp = self._response(rid, mid, model, body, "completed", text, r, cap=h.max_tokens)
             yield event("response.output_item.done", output_index=0, item=resp["output"][0])
             self._keep(rid, resp, messages, text, store, tenant=tenant)
             yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
