@@ -15,7 +15,7 @@ from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.options import OptionError
 
-from .helpers.serve import start_server, stop_server
+from .helpers.serve import free_port, start_server, stop_server
 
 pytest.importorskip("llama_cpp")
 
@@ -375,3 +375,52 @@ def test_a_flood_of_embeddings_is_429_not_an_unbounded_queue(served):
             break
         time.sleep(0.1)
     assert emb["waiting_tokens"] == 0, emb
+
+
+def test_an_alias_serves_clients_with_fixed_model_names(bundle_fp32, local_gguf, tmp_path):
+    """`serve --alias text-embedding-3-small=base --alias helper=support`: a client that can only
+    send a fixed name (the `llm` CLI's `llm embed -m 3-small` sends text-embedding-3-small)
+    gets the base model's vectors, under the name it sent; a chat to `helper` is `support`'s;
+    /v1/models lists each alias with what it names; any other unknown name is still a 404. A
+    bad alias is one line and exit 1."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import httpx
+
+    proc, base = start_server(bundle_fp32, "--backend", "gguf", "--alias", "text-embedding-3-small=base",
+                              "--alias", "helper=support")
+    try:
+        want = local_gguf.embed(TEXTS[:2])
+        r = httpx.post(base + "/v1/embeddings", json={"model": "text-embedding-3-small", "input": TEXTS[:2]},
+                       timeout=60).json()
+        assert r["model"] == "text-embedding-3-small"
+        assert np.abs(np.array([d["embedding"] for d in r["data"]], np.float32) - want).max() < GGUF_BATCH_TOL
+        llm = shutil.which("llm") or (shutil.which("llm", path=os.path.dirname(sys.executable)))
+        if llm:  # the real client, its own model name, pointed at this server
+            env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "OPENAI_API_KEY": "none",
+                   "LLM_USER_PATH": str(tmp_path / "llm")}
+            out = subprocess.run([llm, "embed", "-m", "3-small", "-c", TEXTS[0]], capture_output=True,
+                                 text=True, env=env, timeout=120)
+            assert out.returncode == 0, out.stderr
+            assert np.abs(np.array(json.loads(out.stdout), np.float32) - want[0]).max() < GGUF_BATCH_TOL
+        chat = {"max_tokens": 6, "messages": [{"role": "user", "content": "my sync stopped"}]}
+        a = httpx.post(base + "/v1/chat/completions", json={"model": "helper", **chat}, timeout=60).json()
+        b = httpx.post(base + "/v1/chat/completions", json={"model": "support", **chat}, timeout=60).json()
+        assert a["model"] == "helper" and a["choices"][0]["message"] == b["choices"][0]["message"]
+        cards = {c["id"]: c for c in httpx.get(base + "/v1/models", timeout=30).json()["data"]}
+        assert cards["helper"]["alias_of"] == "support" and cards["text-embedding-3-small"]["alias_of"] == "base"
+        assert httpx.post(base + "/v1/embeddings", json={"model": "text-embedding-3-large", "input": "x"},
+                          timeout=30).status_code == 404
+    finally:
+        stop_server(proc)
+    for bad, needle in ((["--alias", "support=base"], "already a model"), (["--alias", "x=nope"], "not a task"),
+                        (["--alias", "novalue"], "expected NAME=TARGET")):
+        r = subprocess.run([sys.executable, "-m", "prefix_edge", "serve", "--bundle", str(bundle_fp32),
+                            "--backend", "gguf", "--port", str(free_port()), *bad], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode != 0 and needle in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr

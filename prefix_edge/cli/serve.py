@@ -34,6 +34,7 @@ def serve(
     stored_mb: int = typer.Option(STORED_BYTES >> 20, "--stored-mb", help="MiB the stored responses may hold together (the oldest dropped beyond)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="PREFIX_EDGE_API_KEY", help="Require Authorization: Bearer KEY on /v1/ and /metrics (one key, one tenant)."),
     api_keys: Optional[Path] = typer.Option(None, "--api-keys", help="A file of `KEY TENANT` lines: several keys, each tenant's prompt and document caches its own (docs/server.md, Tenants)."),
+    alias: Optional[list[str]] = typer.Option(None, "--alias", help="NAME=TARGET: answer to NAME as the task (or `base`) TARGET, for clients that send a fixed model name (e.g. --alias text-embedding-3-small=base); repeatable."),
     metrics_public: bool = typer.Option(False, "--metrics-public", help="Serve /metrics without the API key (it names tasks and counts every client's requests)."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="Largest request body in bytes (413 beyond)."),
@@ -54,6 +55,16 @@ def serve(
         raise PrefixEdgeError("give --api-key or --api-keys, not both (put the one key in the file)")
     if api_keys and (ray or ray_config):
         raise PrefixEdgeError("--api-keys (tenants) is not supported with --ray: use --api-key")
+    aliases = {}
+    for a in alias or []:
+        name, eq, target = a.partition("=")
+        if not eq:
+            raise PrefixEdgeError(f"--alias {a!r}: expected NAME=TARGET (e.g. text-embedding-3-small=base)")
+        if name in aliases:
+            raise PrefixEdgeError(f"--alias {name}: given twice")
+        aliases[name] = target
+    if aliases and (ray or ray_config):
+        raise PrefixEdgeError("--alias is not supported with --ray yet")
     keys = None
     if api_keys:
         from ..serve.auth import Keys
@@ -102,7 +113,7 @@ def serve(
                           prompt_cache_bytes=max(0, prompt_cache) << 20,
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
                           document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20)
-        application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public,
+        application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public, aliases=aliases,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout,
                                  stored_responses=StoredResponses(stored_responses, stored_mb << 20))

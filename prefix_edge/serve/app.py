@@ -39,6 +39,7 @@ class ServerState:
         self.draining = False
         self.live: set = set()
         self.readers: set = set()  # tasks still receiving a body (limits.BodyLimits)
+        self.aliases: dict[str, str] = {}  # serve --alias: name -> a task or the base model
         self._cut: list = []  # handles cancelled by cut(); some may have finished just before
 
     def cut(self, reason: str = "shutdown") -> None:
@@ -67,7 +68,8 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 
 def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None,
                max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
-               stored_responses=None, keys: Keys | None = None, metrics_public: bool = False) -> FastAPI:
+               stored_responses=None, keys: Keys | None = None, metrics_public: bool = False,
+               aliases: dict[str, str] | None = None) -> FastAPI:
     """`stored_responses`: where /v1/responses keeps stored responses (default: this process's
     own; `serve --ray` shares them between replicas, cluster/store.py). `api_key` (one key) or
     `keys` (auth.Keys: several, each to its tenant): required on /v1/ and /metrics (unless
@@ -75,6 +77,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     state = ServerState()
+    state.aliases = check_aliases(aliases or {}, rt.tasks)
     created = int(time.time())
     tasks = rt.tasks  # fixed for the runtime's life
     # the last one added runs first: body limits, then CORS (a preflight is answered before
@@ -126,16 +129,20 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
     names = sorted(tasks) + ([BASE_MODEL] if BASE_MODEL not in tasks else [])
 
+    def card(name: str) -> dict:
+        target = state.aliases.get(name)
+        return model_card(name) if target is None else {**model_card(target), "id": name, "alias_of": target}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card(name) for name in names]}
+        return {"object": "list", "data": [card(name) for name in names + sorted(state.aliases)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str):
-        if model_id not in names:
+        if model_id not in names and model_id not in state.aliases:
             return error(404, f"the model `{model_id}` does not exist", param="model",
                          code="model_not_found")
-        return model_card(model_id)
+        return card(model_id)
 
     from starlette.exceptions import HTTPException
 
@@ -177,6 +184,23 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     app.state.metrics = metrics
     app.state.server = state
     return app
+
+
+def check_aliases(aliases: dict[str, str], tasks) -> dict[str, str]:
+    """serve --alias NAME=TARGET: each target a task or the base model, no name a task's or
+    the base model's own, no alias of an alias; a PrefixEdgeError line otherwise."""
+    from ..errors import PrefixEdgeError
+
+    known = set(tasks) | {BASE_MODEL}
+    for name, target in aliases.items():
+        if not name or not name.strip() or name != name.strip():
+            raise PrefixEdgeError(f"--alias {name!r}={target}: the name is empty or has spaces around it")
+        if name in known:
+            raise PrefixEdgeError(f"--alias {name}={target}: `{name}` is already a model of this bundle")
+        if target not in known:
+            raise PrefixEdgeError(f"--alias {name}={target}: `{target}` is not a task of this bundle nor "
+                                  f"`{BASE_MODEL}` (tasks: {', '.join(sorted(tasks)) or 'none'})")
+    return dict(aliases)
 
 
 async def _unauthorized(scope, receive, send):

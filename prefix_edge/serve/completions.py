@@ -31,17 +31,20 @@ DISCONNECTED = 499  # counted in /metrics for a client that left before its answ
 BASE_MODEL = "base"  # the bundle's model itself, no task prefix (a plain chat model)
 
 
-def task_of(body: dict, tasks, seen: dict) -> str | None:
-    """The task a body's `model` names (None: the base model)."""
+def task_of(body: dict, tasks, seen: dict, aliases: dict | None = None) -> str | None:
+    """The task a body's `model` names (None: the base model); `aliases` (serve --alias):
+    other names of a task or of the base model. `seen["model"]`: the name as the client sent
+    it (the response and /metrics say that one)."""
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, "`model` is required: a task name (GET /v1/models)", "model")
-    if model not in tasks and model != BASE_MODEL:
+    target = (aliases or {}).get(model, model)
+    if target not in tasks and target != BASE_MODEL:
         raise ApiError(404, f"the model `{model}` does not exist; this server's models "
-                       f"(tasks) are: {', '.join(sorted(tasks))}, {BASE_MODEL}",
+                       f"(tasks) are: {', '.join(sorted([*tasks, *(aliases or {})]))}, {BASE_MODEL}",
                        "model", "model_not_found")
     seen["model"] = model
-    return None if model == BASE_MODEL and model not in tasks else model
+    return None if target == BASE_MODEL and target not in tasks else target
 
 
 # the runtime's names of a call's input (a PrefixEdgeError's `param`, an OptionError's field):
@@ -182,7 +185,7 @@ class Completions:
         try:
             body = read_body(raw)
             check_fields(body, COMPLETION_FIELDS)
-            task = task_of(body, self.tasks, seen)
+            task = task_of(body, self.tasks, seen, self.state.aliases)
             prompts = None if chat else prompts_of(body)
             messages = chat_messages(body) if chat else None
             opts, stream, include_usage, n = completion_params(body, chat)

@@ -53,7 +53,7 @@ class Embeddings:
             model = body.get("model")
             if not isinstance(model, str):
                 raise ApiError(400, "`model` is required: `base` (GET /v1/models)", "model")
-            if model != BASE_MODEL:
+            if self.state.aliases.get(model, model) != BASE_MODEL:  # serve --alias NAME=base
                 if model in self.tasks:
                     raise ApiError(400, f"`model`: `{model}` is a task; embeddings come from the base "
                                    f"model only (`model: \"{BASE_MODEL}\"`): a task's prefix steers "

@@ -139,7 +139,7 @@ class Responses:
             if unknown:
                 raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
             check_fields(body, RESPONSE_FIELDS)
-            task = task_of(body, self.tasks, seen)
+            task = task_of(body, self.tasks, seen, self.state.aliases)
             tools = _tools(body)
             tx = body.get("text") or {}
             if not isinstance(tx, dict):
