@@ -259,3 +259,30 @@ def test_full_disk_at_export_is_named(tiny_model, tasks_file, tmp_path, size):
     err = p.stderr.decode().strip().splitlines()
     assert p.returncode == 1 and err[-1].startswith("error: No space left on device"), err[-3:]
     assert not any("Traceback" in line for line in err)
+
+
+def test_help_text_survives_the_renderer():
+    """Every command's --help shows each option's help as written: no markup eaten (rich once
+    printed "(the  extra)" for "(the [ray] extra)") and no value placeholder on a flag."""
+    import re
+
+    import click
+    import typer
+    from click.testing import CliRunner
+
+    from prefix_edge.cli import _register, app
+
+    _register()
+    root = typer.main.get_command(app)
+    runner = CliRunner()
+    for name, cmd in root.commands.items():
+        out = runner.invoke(root, [name, "--help"], terminal_width=400).output
+        flat = " ".join(out.split())
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or not p.help:
+                continue
+            for bracket in re.findall(r"\[[^\]]*\]", p.help):
+                assert bracket in flat, (name, p.name, bracket)
+            if p.is_flag:
+                line = next(ln for ln in out.splitlines() if p.opts[0] in ln)
+                assert "<bool>" not in line, (name, line)

@@ -137,7 +137,8 @@ def _converse(rt, task, turns, **kw):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task", ["support", None])
 def test_cached_turns_equal_uncached(bundle_int4, backend, task):
-    with Runtime.open(bundle_int4, backend=backend) as rt:
+    # read_ahead off: the prompt cache's own turn reuse, counted (the read-ahead is tested below)
+    with Runtime.open(bundle_int4, backend=backend, read_ahead=False) as rt:
         conv, got = _converse(rt, task, TURNS, system="Be brief." if task is None else None)
         assert rt.engine_info()["prompt_cache"]["hits"] == len(TURNS) - 1
     P = 0 if task is None else None
@@ -303,3 +304,43 @@ def test_cli_chat_with_save_and_resume(bundle_int4, tmp_path):
     assert out == "".join(w + "\n" for w in want)
     bad = cli("run", "--bundle", str(bundle_int4), "--system", "x", "--task", "support", "hi")
     assert bad.returncode != 0 and "--chat" in bad.stderr.decode()
+
+
+def _read(rt, n: int) -> None:
+    """Until n replies have been read ahead (or skipped): the read-ahead runs in the background."""
+    import time
+
+    for _ in range(600):
+        info = rt.engine_info()["read_ahead"]
+        if info["done"] + info["skipped"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"read-ahead did not finish: {info}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_next_turn_does_not_read_the_last_reply_again(bundle_int4, backend):
+    """The client trial: each turn prefilled the previous reply again (cached_tokens was always
+    the previous *prompt*). With the reply read ahead in the background, turn k restores
+    everything up to the end of reply k-1 (the template's cut there) and prefills only its new
+    message; its tokens are those of the same conversation run cold (use_prompt_cache=False),
+    at every one of four turns with replies as long as the context allows. read_ahead=False: the previous prompt only."""
+    for read_ahead in (True, False):
+        with Runtime.open(bundle_int4, backend=backend, slots=1, read_ahead=read_ahead) as rt:
+            P = rt.manifest.tasks["support"].prefix_tokens
+            msgs, done = [], 0
+            for k in range(4):  # (the tiny model's context is 512 tokens, its tokens short)
+                msgs.append({"role": "user", "content": f"{TURNS[k % len(TURNS)]} (turn {k})"})
+                r = rt.generate("support", messages=msgs, max_tokens=16, logit_bias={2: -100})
+                ref = rt.generate("support", messages=msgs, max_tokens=16, logit_bias={2: -100},
+                                  use_prompt_cache=False)
+                assert r.tokens == ref.tokens, (read_ahead, k)
+                _, cuts, _ = rt.chat_input("support", msgs)
+                if k:  # cuts[-1]: the end of the last reply; cuts[-2]: the prompt before it
+                    assert r.stats.cached_tokens == P + (cuts[-1] if read_ahead else cuts[-2]), (read_ahead, k)
+                if read_ahead:
+                    done += 1
+                    _read(rt, done)
+                msgs.append({"role": "assistant", "content": r.text})
+            info = rt.engine_info()["read_ahead"]
+            assert info["done"] == (4 if read_ahead else 0) and info["skipped"] == 0, info

@@ -272,6 +272,34 @@ def test_the_readme_has_runnable_blocks():
     assert sum(b.mark != "skip" for b in readme) >= 3, [b.id for b in readme]
 
 
+def test_the_index_links_every_page():
+    """docs/index.md lists every page of the site's nav (three were left out once)."""
+    import yaml
+
+    def pages(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from pages(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from pages(v)
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1].join(["nav:\n", ""]))["nav"]
+    index = (ROOT / "docs" / "index.md").read_text()
+    missing = [p for p in pages(nav) if p != "index.md" and f"]({p}" not in index]
+    assert not missing, missing
+
+
+def test_the_readme_names_every_task_file_key():
+    """The README's task-file table names every key the task-file parser accepts."""
+    from prefix_edge.tasks.taskfile import ALL_KEYS
+
+    table = "\n".join(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("| `"))
+    missing = sorted(k for k in ALL_KEYS if f"`{k}`" not in table)
+    assert not missing, missing
+
+
 def test_conventions_parse():
     md = ("x\n<!-- doc-test: skip (needs a GPU) -->\n```bash\nprefix-edge run --device cuda x\n```\n"
           "```python\nprint(1 + 1)  # -> 2\n```\n\n```text\n2\n```\n"

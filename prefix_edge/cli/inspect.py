@@ -27,6 +27,8 @@ def tasks_cmd(bundle: Optional[Path] = typer.Option(None, "--bundle", help="Bund
 
     _, m = _manifest(bundle)
     table = Table("task", "kind", "chat", "prefix tokens", "backends", "size")
+    for col in table.columns:  # a long name folds onto a next line, never cut with an ellipsis
+        col.overflow = "fold"
     for name, t in sorted(m.tasks.items()):
         size = sum(p.bytes for p in t.prefixes.values())
         table.add_row(name, _kind(t), str(t.chat), _tokens(t), ",".join(t.prefixes),

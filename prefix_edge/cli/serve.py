@@ -28,6 +28,7 @@ def serve(
     prompt_cache: int = typer.Option(512, "--prompt-cache", "--turn-cache", help="MiB of host memory for the KV of prompts already read: a request starting with the same tokens (the same documents or system prompt, a conversation's next turn) prefills only the rest; 0: off."),
     document_cache: int = typer.Option(512, "--document-cache", help="MiB of host memory for documents' KV kept for compose_documents=true requests (each document computed once, composed in any order); 0: off."),
     cache: int = typer.Option(512, "--cache", help="MiB of host memory for the prompt and document caches together (the entry used longest ago, in either, goes first; each keeps its own cap too)."),
+    read_ahead: bool = typer.Option(True, "--read-ahead/--no-read-ahead", help="After a chat call, read its reply into the prompt cache while the server is idle, so that the conversation's next turn prefills only its new message (exact; docs/conversations.md)."),
     prompt_cache_disk: int = typer.Option(2048, "--prompt-cache-disk", help="MiB of disk (under the home directory) for the prompts that keep coming back, so that a restarted server starts warm; 0: off."),
     queue_size: int = typer.Option(64, "--queue", help="Requests that may wait; beyond: 429."),
     stored_responses: int = typer.Option(MAX_STORED, "--stored-responses", help="/v1/responses kept for previous_response_id and GET (the oldest dropped beyond; 0: none)."),
@@ -112,7 +113,8 @@ def serve(
                           queue_size=queue_size, n_ctx=n_ctx, kv_cells=kv_cells, shared_kv=shared_kv,
                           prompt_cache_bytes=max(0, prompt_cache) << 20,
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
-                          document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20)
+                          document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20,
+                          read_ahead=read_ahead)
         application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public, aliases=aliases,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout,

@@ -240,7 +240,10 @@ class Requests:
         return v
 
     def request(self, task: str | None, text: str | None, overrides: dict[str, Any],
-                 messages: list | None = None) -> Request:
+                 messages: list | None = None, read_ahead: bool = False) -> Request:
+        """read_ahead: `messages` end with an assistant's reply and a placeholder user message;
+        the request reads the prompt up to the reply's end (the next turn's cut there) and
+        keeps its state in the prompt cache for the next turn (reply_prefill)."""
         t0 = time.perf_counter()
         if self._closed():
             raise RuntimeClosed("the runtime is closed")
@@ -285,6 +288,10 @@ class Requests:
             _, messages = with_documents(docs, None, messages, task is not None and
                                          (tools is None or tools.choice == "none" or not self._chat(task)))
             ids, cuts, _ = self.chat_input(task, messages, tools)
+        if read_ahead:  # up to the reply's end: the last cut (the placeholder message after it)
+            if not cuts or docs:
+                raise PrefixEdgeError("nothing to read ahead: the template gives no cut at the reply's end")
+            ids, cuts = ids[:cuts[-1]], tuple(cuts[:-1])
         compose = None
         if docs and opts["compose_documents"]:  # compose.py: opt-in, not exact
             compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache,
@@ -318,7 +325,7 @@ class Requests:
                     pre = self.prefixes.ids(task)
                     ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
         if use_prompts:
-            hit = self.prompts.lookup(root, full, cuts, P)
+            hit = self.prompts.lookup(root, full, cuts, P, counted=not read_ahead)
         turn_hit, keep = 0, None
         if hit is not None:  # an earlier prompt's KV up to a chunk end, then only the rest
             prefix, key, turn_hit, keep = hit.prefix, None, hit.n, hit.keep
@@ -341,7 +348,10 @@ class Requests:
                        prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
                        logprobs=logprobs, turn_hit=turn_hit, tools=tools,
                        turn=(root, full, full_cuts) if messages is not None and compose is None else None,
-                       speculative=opts["speculative"], compose=compose, midpoint=midpoint)
+                       speculative=opts["speculative"], compose=compose, midpoint=midpoint,
+                       background=read_ahead,
+                       follow=(task, messages, scope) if messages is not None and compose is None and not read_ahead
+                       and tools is None and use_prompts and not docs else None)
 
     def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool, scope: str = ""):
         """(Composition, the tail ids) of a composed request, or None where its documents cannot

@@ -44,6 +44,9 @@ class Request:
     speculative: str = "off"     # "lookup": drafts verified in one forward (drafting.py)
     drafter: object = None       # drafting.Drafter, made at its first decode step
     compose: object = None       # compose.Composition: documents laid before `ids` (engine thread)
+    background: bool = False     # a reply's prefill for the next turn (prepare.reply_prefill): runs
+    # only while no other request waits, and gives way to one that needs its sequence
+    follow: tuple | None = None  # (task, messages) of a conversation's call: its reply can be read ahead
     # engine-side state
     forked: bool = False
     seq: int = -1

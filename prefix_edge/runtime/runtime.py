@@ -62,7 +62,8 @@ class Runtime:
                  prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
                  verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
                  prompt_cache_disk: tuple[int, int, int] = (0, 2, 256),
-                 document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES):
+                 document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
+                 read_ahead: bool = True):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
@@ -100,6 +101,9 @@ class Runtime:
             self.requests.open_cells = opened.kv_cells // slots
         self.eos = self.requests.eos
         self.embeddings = Embedder(backend, tokenizer, self.n_ctx)  # embed(): a thread of its own
+        from .chat.read_ahead import ReadAhead  # a conversation's reply read for its next turn
+
+        self.read_ahead = ReadAhead(self.requests, self._sched, read_ahead and prompt_cache_bytes > 0)
 
     # -- the caller's-thread half (prepare.py), as the API and the server use it ---------
     def options(self, task: str | None, overrides: dict):
@@ -136,7 +140,7 @@ class Runtime:
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
              document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
-             priority: str = "normal") -> "Runtime":
+             priority: str = "normal", read_ahead: bool = True) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -163,7 +167,10 @@ class Runtime:
         "full" always hashes. threads None ("auto"): each forward runs the threads the CPUs have
         free (docs/contention.md). priority "background": for an app whose own work must come
         first (a desktop UI): one thread unless `threads` says otherwise, never spinning, on
-        engine threads at a lower OS scheduling priority."""
+        engine threads at a lower OS scheduling priority. read_ahead: after a conversation's
+        call (messages) its reply is read into the prompt cache in the background, while the
+        runtime is idle, so that the next turn prefills only its new message
+        (chat/read_ahead.py); exact (the chunks the next turn would read)."""
         from tokenizers import Tokenizer
 
         bundle = Bundle.open(path)
@@ -187,8 +194,9 @@ class Runtime:
 
         if priority not in PRIORITIES:
             raise PrefixEdgeError(f"priority must be one of {', '.join(map(repr, PRIORITIES))}, got {priority!r}")
-        if not isinstance(shared_kv, bool):
-            raise PrefixEdgeError(f"shared_kv must be true or false, got {shared_kv!r}")
+        for name, flag in (("shared_kv", shared_kv), ("read_ahead", read_ahead)):
+            if not isinstance(flag, bool):
+                raise PrefixEdgeError(f"{name} must be true or false, got {flag!r}")
         longest = max((t.prefix_tokens for t in bundle.tasks.values()), default=0)
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
@@ -214,7 +222,7 @@ class Runtime:
                    verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
                    else turn_cache_bytes,
                    prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens),
-                   document_cache_bytes=document_cache_bytes, cache_bytes=cache_bytes)
+                   document_cache_bytes=document_cache_bytes, cache_bytes=cache_bytes, read_ahead=read_ahead)
 
     # -- API ------------------------------------------------------------------------------
     @property
@@ -264,7 +272,9 @@ class Runtime:
         return [Stream(r, self._finished, self._sched.cancel) for r in [req, *req.siblings]]
 
     def _finished(self, req, finish_reason: str) -> Result:
-        return self.requests.result(req, finish_reason)
+        result = self.requests.result(req, finish_reason)
+        self.read_ahead.after(req, result, finish_reason)  # a conversation's reply, for its next turn
+        return result
 
     def astream(self, task: str | None, text: str | None = None, *, messages: list | None = None,
                 **overrides) -> AsyncStream:
@@ -301,6 +311,7 @@ class Runtime:
         """Refuse new requests, end the running ones (finish_reason "cancelled") and give the
         engine's native memory back. Safe to call twice and from any thread."""
         self.embeddings.close()  # its llama.cpp contexts go before the engine's model
+        self.read_ahead.close()
         self._sched.close()
         with self._prefix_lock:
             self.prefixes.clear()
@@ -352,7 +363,7 @@ class Runtime:
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
                 "document_cache": self.documents.info(), "host_cache": self.host.info(),
-                "embeddings": self.embeddings.info(),
+                "embeddings": self.embeddings.info(), "read_ahead": self.read_ahead.info(),
                 # what one more token in a decode forward costs here, as a share of a step
                 # (measured from this runtime's forwards; drafting sizes lookups by it)
                 "draft_row_cost": round(s.drafting.cost.share(), 3), **s.stats}

@@ -71,12 +71,18 @@ class Scheduler:
         with self._lock:
             if self._closing:
                 raise RuntimeClosed("the runtime is closed")
+            if req.background and not self.idle_for_background():
+                raise RuntimeBusy("busy: a reply is read ahead only while the runtime is idle")
             if self._n_waiting >= self.queue_size:
                 raise RuntimeBusy(f"the runtime is busy: {self._n_waiting} requests are "
                                       "already waiting (queue_size); retry later")
             self._n_waiting += 1
             self._inbox.put(req)
         self._wake.set()
+
+    def idle_for_background(self) -> bool:
+        """Nothing waits and a slot is free (a background request may start)."""
+        return not self._n_waiting and len(self.active) < self.slots
 
     def cancel(self, req: Request, reason: str = "cancelled") -> None:
         if req.cancel_reason is None:
@@ -209,8 +215,12 @@ class Scheduler:
             lambda: self.kv_cells - self._cells_used() >= need, keep)
 
     def _admit(self) -> None:
+        if any(not w.background for w in self.waiting) and not self.free_seqs:
+            for bg in [a for a in self.active if a.background]:  # a reply read ahead gives way
+                self._finish(bg, "cancelled")
         while self.waiting and self.free_seqs:
-            r = self.waiting[0]
+            # FIFO among calls; a reply read ahead only when no call waits
+            r = next((w for w in self.waiting if not w.background), self.waiting[0])
             if len(self.free_seqs) < 1 + len(r.siblings) and self.active:
                 return  # its choices need a sequence each: wait for running requests (FIFO)
             try:

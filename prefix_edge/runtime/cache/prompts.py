@@ -115,10 +115,12 @@ class PromptCache:
         self.files: Any = None  # the persistent tier (prompt_files.PromptFiles), if any
 
     # -- reading -------------------------------------------------------------------------
-    def lookup(self, root: str, ids: np.ndarray, cuts: tuple[int, ...], n_root: int) -> Hit | None:
+    def lookup(self, root: str, ids: np.ndarray, cuts: tuple[int, ...], n_root: int,
+               counted: bool = True) -> Hit | None:
         """The longest reusable start of `ids` (a chunk end below len(ids)), or None. n_root:
         the positions before ids (the task's prefix). Memory first, then the files (if any)
-        for a longer one."""
+        for a longer one. counted: in the hit and miss counters, and the disk tier's (a reply
+        read ahead in the background is not: the counters are the calls')."""
         if not self.budget or len(ids) < 2:
             return None
         # at least one token is left to prefill (its logits)
@@ -135,7 +137,7 @@ class PromptCache:
                 end, prefix = loaded  # read from a file, not kept in memory (over the budget)
                 key, write = None, None
             elif found is None:
-                self.misses += 1
+                self.misses += counted
                 return None
             else:
                 eid, end, key = found
@@ -143,9 +145,10 @@ class PromptCache:
                 self._lru.move_to_end(eid)
                 e.stamp = self._tick()
                 prefix, write = e.prefix, (e.root, e.prefix.ids[len(e.prefix.ids) - e.n:], e.cuts, e.prefix)
-            self.hits += 1
-            self.hit_tokens += end
-        if files is not None and key is not None and files.hit(key, end):
+            if counted:
+                self.hits += 1
+                self.hit_tokens += end
+        if counted and files is not None and key is not None and files.hit(key, end):
             files.write(*write)
         return Hit(prefix, end, n_root + end)
 
