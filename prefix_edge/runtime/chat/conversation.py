@@ -103,6 +103,19 @@ class Conversation:
         ids, cuts, _ = self.rt.chat_input(self.task, msgs)
         return ("base" if self.task is None else f"task:{self.task}", ids, cuts)
 
+    def _reply_key(self, msgs: list) -> tuple | None:
+        """The prompt-cache key of `msgs` read up to the end of their last reply, as the
+        read-ahead keeps it (read_ahead.py: the next turn's cut there), or None."""
+        from .read_ahead import PLACEHOLDER
+
+        if not msgs or msgs[-1]["role"] != "assistant":
+            return None
+        try:
+            root, ids, cuts = self._prompt_key(msgs + [PLACEHOLDER])
+        except PrefixEdgeError:
+            return None
+        return (root, ids[:cuts[-1]], tuple(cuts[:-1])) if cuts else None
+
     def _meta(self) -> dict[str, str]:
         rt = self.rt
         digest = rt.manifest.task_digest(self.task) if self.task is not None else ""
@@ -128,6 +141,11 @@ class Conversation:
         if self._last is not None:
             root, ids, cuts = self._last
             entry = self.rt.prompts.get(root, ids, cuts)
+            ahead = self._reply_key(self.messages) if entry is None else None
+            if ahead is not None and self.rt.prompts.get(*ahead) is not None:
+                # the last prompt's state was replaced by its reply read ahead (a longer one)
+                root, ids, cuts = ahead
+                entry = self.rt.prompts.get(root, ids, cuts)
             meta["turn_ids"] = json.dumps([int(x) for x in ids])
             meta["turn_cuts"] = json.dumps(list(cuts))
         tmp = path.with_name(path.name + ".tmp")
@@ -188,6 +206,10 @@ class Conversation:
             last_user = max((i for i, m in enumerate(conv.messages) if m["role"] == "user"), default=-1)
             root, want, want_cuts = conv._prompt_key(conv.messages[:last_user + 1]) if last_user >= 0 \
                 else (None, None, None)
+            if want is not None and not (np.array_equal(want, ids) and want_cuts == cuts):
+                ahead = conv._reply_key(conv.messages)  # saved as its reply read ahead
+                if ahead is not None:
+                    root, want, want_cuts = ahead
             if want is not None and np.array_equal(want, ids) and want_cuts == cuts:
                 prefix = rt.backend.prefix_from(tensors, meta, where)  # checked like a baked prefix
                 n_pre = rt.manifest.tasks[task].prefix_tokens if task is not None else 0
