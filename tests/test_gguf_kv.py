@@ -94,14 +94,24 @@ def test_nan_scale_is_refused(bundle_q8kv, tmp_path):
 
 
 def test_edited_manifest_kv_type_is_one_line(bundle_q8kv, tmp_path):
+    """A manifest whose gguf KV type was edited (q8_0 -> q4_0) is refused by its fingerprint,
+    which covers the state; one whose fingerprint was recomputed to match (a careful edit) is
+    refused by the engine: it runs no such KV cache type. Each one line naming what is wrong."""
     import shutil
+
+    from prefix_edge.bundle import Bundle
 
     b = tmp_path / "b"
     shutil.copytree(bundle_q8kv, b)
     m = json.loads((b / "manifest.json").read_text())
     m["backends"]["gguf"]["state"]["kv_type"] = "q4_0"
     (b / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(PrefixEdgeError) as e:
+    with pytest.raises(PrefixEdgeError, match="gguf fingerprint does not match its contents") as e:
+        Runtime.open(b, backend="gguf")
+    assert "\n" not in str(e.value)
+    m["backends"]["gguf"]["fingerprint"] = Bundle.open(b).manifest.fingerprint("gguf")
+    (b / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(PrefixEdgeError, match="unknown KV cache type 'q4_0'; choose one of: f16, q8_0") as e:
         Runtime.open(b, backend="gguf")
     assert "\n" not in str(e.value)
 

@@ -409,7 +409,9 @@ def test_shutdown_is_not_held_by_a_stalled_upload(bundle_int4):
     s.close()
     proc.wait(30)
     assert out.startswith(b"HTTP/1.1 503"), out[:200]
-    assert proc.returncode == 0 and time.time() - t0 < 4.0
+    # not a timing bound: a half-sent body must not hold the shutdown for its --body-timeout
+    # (60 s); the grace (0.5 s) and the 503 end it, so half the body timeout is plenty of room
+    assert proc.returncode == 0 and time.time() - t0 < 60 / 2
 
 
 def test_second_sigint_ends_streams_at_once_with_an_error(bundle_int4):
@@ -424,7 +426,8 @@ def test_second_sigint_ends_streams_at_once_with_an_error(bundle_int4):
     for th in threads:
         th.join(30)
     proc.wait(30)
-    assert time.time() - t0 < 10
+    # not a timing bound: the cut comes from the second signal, not from --grace (30 s) running out
+    assert time.time() - t0 < 30 / 2
     assert len(results) == 24 and all(r[-1] == "data: [DONE]" for r in results)
     cut = [r for r in results if '"server_shutdown"' in r[-2]]
     assert len(cut) >= 12 and proc.returncode == 1
