@@ -22,7 +22,8 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from .completions import BASE_MODEL, Completions
+from .calls import BASE_MODEL
+from .completions import Completions
 from .embeddings import Embeddings
 from .limits import BODY_TIMEOUT, MAX_BODY, BodyLimits
 from .auth import BearerAuth, Keys, tenant_of

@@ -26,7 +26,7 @@ from fastapi import Request
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from ..runtime.embedding import DEFAULT_POOLING
-from .completions import BASE_MODEL, DISCONNECTED, admit
+from .calls import BASE_MODEL, DISCONNECTED, admit, disconnected
 from .fields import INT, STR, S, check_fields, read_body
 from .schema import ApiError
 
@@ -94,7 +94,7 @@ class Embeddings:
             return got
         model, job, enc = got
         waiting = asyncio.wrap_future(job.future)
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
             await asyncio.wait([waiting, gone], return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():  # the client hung up: its texts not yet run are dropped
@@ -119,13 +119,6 @@ class Embeddings:
                 for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": model,
                 "usage": {"prompt_tokens": job.tokens, "total_tokens": job.tokens}}
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client's connection has gone (its body is read: the next ASGI
-    message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _encode(v: np.ndarray, enc: str):

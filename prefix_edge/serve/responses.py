@@ -29,7 +29,7 @@ from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import CONSTRAINTS, OptionError
 from ..runtime.chat.tools import AnswerRouter
 from .auth import cache_scope, tenant_of
-from .completions import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
+from .calls import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
 from .fields import RESPONSE_FIELDS, check_fields, read_body
 from .schema import ApiError, completion_params, response_format
 from .store import MAX_STORED, StoredResponses
