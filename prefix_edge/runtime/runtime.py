@@ -312,7 +312,8 @@ class Runtime:
         engine's native memory back. Safe to call twice and from any thread."""
         self.embeddings.close()  # its llama.cpp contexts go before the engine's model
         self.read_ahead.close()
-        self._sched.close()
+        self._sched.close()  # a reply being read ahead ends here ("cancelled")
+        self.read_ahead.join()
         with self._prefix_lock:
             self.prefixes.clear()
         self.prompts.close()  # the file writes asked for finish first

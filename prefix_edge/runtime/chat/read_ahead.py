@@ -107,13 +107,17 @@ class ReadAhead:
                     "last_skip": self.why}
 
     def close(self) -> None:
+        """No more replies read ahead; the one in flight ends with the scheduler's close (the
+        runtime closes it next, then calls join)."""
         with self._lock:
             self._closed = True
-            thread = self._thread
             try:
                 self._jobs.get_nowait()
             except queue.Empty:
                 pass
             self._jobs.put_nowait(None)
+
+    def join(self) -> None:
+        thread = self._thread
         if thread is not None:
             thread.join(30)
