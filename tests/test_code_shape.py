@@ -160,3 +160,27 @@ def test_test_modules_share_helpers_not_each_other():
                 if last.startswith("test_") and (name.startswith("tests.") or getattr(node, "level", 0)):
                     found.append(f"{path.relative_to(ROOT)}: {name}")
     assert found == [], "test modules importing test modules:\n" + "\n".join(found)
+
+
+# runtime/'s own rooms, lowest first: each imports only rooms before it (the engines below the
+# caches, the caches below decoding, decoding below the scheduler, the scheduler below the
+# call's preparation and the Runtime); a module or package new in runtime/ must be placed here
+RUNTIME_ROOMS = ["prefix", "kv", "overlap", "engines", "cache", "decode", "request", "residents",
+                 "drafting", "stream", "documents", "compose", "chat", "embedding", "scheduler",
+                 "prepare", "runtime", "__init__"]
+
+
+def test_runtime_rooms_follow_their_order():
+    graph = import_graph()
+
+    def sub(module: str) -> str | None:
+        parts = module.split(".")
+        return (parts[2] if len(parts) > 2 else "__init__") if parts[:2] == ["prefix_edge", "runtime"] else None
+
+    rank = {name: i for i, name in enumerate(RUNTIME_ROOMS)}
+    unplaced = sorted({sub(m) for m in graph if sub(m) is not None} - set(rank))
+    assert unplaced == [], f"runtime/ rooms not in RUNTIME_ROOMS: {unplaced}"
+    upward = sorted((a, b) for a, deps in graph.items() for b in deps
+                    if sub(a) is not None and sub(b) is not None and sub(a) != sub(b)
+                    and rank[sub(b)] > rank[sub(a)])
+    assert upward == [], "imports against runtime/'s room order:\n" + "\n".join(f"  {a} -> {b}" for a, b in upward)

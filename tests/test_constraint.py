@@ -120,7 +120,7 @@ def test_constrained_greedy_is_the_best_allowed_token(bundle_int4):
             prefix, _ = rt.prefixes.get("support")
             model = rt.root / next(f for f in rt.manifest.backends["gguf"].files if f.endswith(".gguf"))
             m = llguidance.LLMatcher(rt.grammars._tokenizer(), rt.grammars.grammar("regex", regex), log_level=0)
-            from prefix_edge.runtime.constraint import Constraint
+            from prefix_edge.runtime.decode.constraint import Constraint
 
             c = Constraint(m, rt.grammars.n_vocab)
             be = open_backend("gguf", model, n_ctx=512, kv_type=rt.manifest.backends["gguf"].state["kv_type"])

@@ -136,7 +136,7 @@ def test_a_temperature_too_small_to_scale_by_is_greedy():
     the scaled logits to NaN probabilities; it is greedy, as its limit."""
     import numpy as np
 
-    from prefix_edge.runtime.sampling import Sampler
+    from prefix_edge.runtime.decode.sampling import Sampler
 
     logits = np.random.default_rng(0).normal(size=400).astype(np.float32) * 8
     for t in (1e-320, 1e-300):
@@ -150,7 +150,7 @@ CRASHERS = """
 import json, sys
 from prefix_edge import Runtime, PrefixEdgeError
 from prefix_edge.constraint_limits import MAX_DEPTH
-from prefix_edge.runtime.constraint import on_big_stack
+from prefix_edge.runtime.decode.constraint import on_big_stack
 """ + inspect.getsource(chain_schema) + inspect.getsource(chain_grammar) + """
 out = {}
 with Runtime.open(sys.argv[1], backend="gguf") as rt:
@@ -230,7 +230,7 @@ def test_a_failing_constraint_ends_its_request_only(bundle_int4, backend):
 
 
 def test_compiled_specs_are_kept_within_a_bound(bundle_int4):
-    from prefix_edge.runtime.constraint import CACHE_ENTRIES
+    from prefix_edge.runtime.decode.constraint import CACHE_ENTRIES
 
     with Runtime.open(bundle_int4, backend="gguf") as rt:
         for i in range(CACHE_ENTRIES + 16):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefix_edge import PrefixEdgeError, Runtime
-from prefix_edge.runtime.text import TextStream
+from prefix_edge.runtime.decode.text import TextStream
 
 from .conftest import INPUTS
 

@@ -167,7 +167,7 @@ class Bench:
         """Greedy decode tok/s after a P-token prefix and 8 input tokens; with `peer`, its runs
         interleaved with these (one each per round, both loaded), and the ratio the median of
         the rounds' ratios, so a drift in the machine's speed hits both alike."""
-        from ..runtime.text import TextStream
+        from ..runtime.decode.text import TextStream
 
         ids = _ids(self.tokenizer, _CORPUS, P)
         prefix = be.load_prefix(self.bake(be, ids, "decode"))

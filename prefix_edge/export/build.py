@@ -185,7 +185,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
            onnx_builder: str = "own", gguf_kv: str = "f16", compress=None) -> Manifest:
     from tokenizers import Tokenizer
 
-    from ..runtime.constraint import check_task_defaults
+    from ..runtime.decode.constraint import check_task_defaults
     from ..runtime.engines import open_backend
     from ..runtime.kv import hf_rope_layout
     from .bake import bake, prefix_ids

@@ -16,14 +16,14 @@ from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeClosed
 from ..options import DEFAULTS, OptionError, check_text, resolve
 from ..tasks import fill_template
 from .chat.render import ChatRenderer, check_messages
-from .sampling import Sampler
+from .decode.sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
-from .constraint import Grammars
+from .decode.constraint import Grammars
 from .documents import check_documents, module, with_documents
 from .cache.prompts import MIN_TEXT_TOKENS
 from .kv import Rope
-from .text import TextStream, TokenBytes, longer_than
+from .decode.text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 
 # use_turn_cache: the prompt cache's earlier name (still accepted)

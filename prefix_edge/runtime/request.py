@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .prefix import Prefix
-from .sampling import Sampler
-from .text import TextStream
+from .decode.sampling import Sampler
+from .decode.text import TextStream
 
 
 @dataclass(eq=False)  # identity, not field-wise (numpy) comparison

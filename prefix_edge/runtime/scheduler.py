@@ -36,7 +36,7 @@ from .drafting import Drafting
 from .cache.prompts import chunk_end
 from .request import Request
 from .residents import Residents
-from .sampling import token_logprobs
+from .decode.sampling import token_logprobs
 
 
 class Scheduler:

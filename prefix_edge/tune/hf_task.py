@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PrefixEdgeError
-from ..runtime.sampling import Sampler
-from ..runtime.text import TextStream
+from ..runtime.decode.sampling import Sampler
+from ..runtime.decode.text import TextStream
 from ..tasks import RenderedTask, TaskSpec, fill_template, render_task
 
 

@@ -8,9 +8,9 @@ import numpy as np
 
 from prefix_edge.runtime.prefix import Prefix
 from prefix_edge.runtime.request import Request
-from prefix_edge.runtime.sampling import Sampler
+from prefix_edge.runtime.decode.sampling import Sampler
 from prefix_edge.runtime.scheduler import Scheduler
-from prefix_edge.runtime.text import TextStream
+from prefix_edge.runtime.decode.text import TextStream
 
 from .fake_engine import EOS, FakeEngine, tokenizer
 

@@ -34,7 +34,7 @@ import numpy as np
 from ...errors import PrefixEdgeError
 from ...options import MAX_INPUT_BYTES, OptionError, check_text
 from ...tasks import fill_template
-from ..text import longer_than
+from ..decode.text import longer_than
 from .tools import for_template, native
 from .user_text import Marks, parsed_args, strings
 

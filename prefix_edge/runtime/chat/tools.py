@@ -198,7 +198,7 @@ def constraint_options(opts: dict, spec: ToolSpec | None) -> dict:
         return opts
     if spec.choice != "auto":
         return {**opts, "json_schema": call_schema(spec), "regex": None, "grammar": None}
-    from ..constraint import JSON_STYLE
+    from ..decode.constraint import JSON_STYLE
 
     call = {**call_schema(spec), "x-guidance": JSON_STYLE}
     grammar = ("start: call | text\ncall: %json " + json.dumps(call, ensure_ascii=False) +

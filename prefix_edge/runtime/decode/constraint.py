@@ -27,9 +27,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..constraint_limits import MAX_CHARS, MAX_DEPTH, problem
-from ..errors import PrefixEdgeError
-from ..options import OptionError
+from ...constraint_limits import MAX_CHARS, MAX_DEPTH, problem
+from ...errors import PrefixEdgeError
+from ...options import OptionError
 
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 KINDS = ("json_schema", "regex", "grammar")
@@ -313,7 +313,7 @@ def check_task_defaults(specs, tokenizer, n_vocab: int, eos: list[int]) -> None:
     """At export: each task's default constraint compiled and walked as a request's would be,
     and its logit_bias ids within the model's vocabulary, so a task file that would fail every
     run is refused (one line naming the file, the task and the key) instead of exported."""
-    from ..tasks import task_where
+    from ...tasks import task_where
     from .text import TokenBytes
 
     grammars = None
