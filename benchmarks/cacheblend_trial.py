@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.doc_qa import SYSTEM, item  # noqa: E402
-from prefix_edge.runtime.documents import block, module  # noqa: E402
+from prefix_edge.runtime.documents.block import block, module  # noqa: E402
 
 
 def load(gguf: Path):

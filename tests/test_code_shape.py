@@ -166,7 +166,7 @@ def test_test_modules_share_helpers_not_each_other():
 # caches, the caches below decoding, decoding below the scheduler, the scheduler below the
 # call's preparation and the Runtime); a module or package new in runtime/ must be placed here
 RUNTIME_ROOMS = ["prefix", "kv", "overlap", "engines", "cache", "decode", "request", "residents",
-                 "drafting", "stream", "documents", "compose", "chat", "embedding", "scheduler",
+                 "drafting", "stream", "documents", "chat", "embedding", "scheduler",
                  "prepare", "runtime", "__init__"]
 
 

@@ -1,4 +1,4 @@
-"""Composed documents (`compose_documents=True`, runtime/compose.py): each document's KV computed
+"""Composed documents (`compose_documents=True`, runtime/documents/compose.py): each document's KV computed
 once after the shared context, re-rotated to where it stands, its first k tokens prefilled in
 place. Not exact by design, so what is asserted is what must hold anyway:
 
@@ -117,7 +117,7 @@ def test_kv_as_data_round_trips(bundle_int4, backend):
 
 def test_the_document_cache_is_bounded_and_drops_composed_states_first():
     from prefix_edge.runtime.cache.documents import DocumentKv
-    from prefix_edge.runtime.compose import Composed
+    from prefix_edge.runtime.documents.compose import Composed
     from prefix_edge.runtime.kv import KvLayers
 
     def doc(n):

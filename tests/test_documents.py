@@ -1,4 +1,4 @@
-"""Documents given with a call (runtime/documents.py): checked (a bad one is refused naming
+"""Documents given with a call (runtime/documents/block.py): checked (a bad one is refused naming
 `documents`), rendered as the documented fallback block, and — with compose_documents off, the
 default — prefilled or served from the exact prompt cache: a repeat of the same documents with a
 new question equals the same request with the cache off. Composed documents
@@ -15,7 +15,7 @@ import pytest
 from prefix_edge import Runtime
 from prefix_edge.options import OptionError
 from prefix_edge.options import resolve
-from prefix_edge.runtime.documents import MAX_DOCUMENTS, check_documents
+from prefix_edge.runtime.documents.block import MAX_DOCUMENTS, check_documents
 from prefix_edge.serve.fields import COMPLETION_FIELDS, RESPONSE_FIELDS, check_fields
 from prefix_edge.serve.schema import ApiError
 

@@ -20,7 +20,7 @@ from .decode.sampling import Sampler
 from .request import Request
 from .stream import Result, Stats
 from .decode.constraint import Grammars
-from .documents import check_documents, module, with_documents
+from .documents.block import check_documents, module, with_documents
 from .cache.prompts import MIN_TEXT_TOKENS
 from .kv import Rope
 from .decode.text import TextStream, TokenBytes, longer_than
@@ -267,7 +267,7 @@ class Requests:
             raise PrefixEdgeError("tools go with messages (a conversation), not text", param="tools")
         opts = self._tool_options(task, overrides, tools)
         constrain = self._flag(overrides, "use_constraint", True)
-        docs = check_documents(overrides.get("documents"))  # documents.py: rendered into the input
+        docs = check_documents(overrides.get("documents"))  # documents/block.py: rendered into the input
         cuts: tuple[int, ...] = ()
         if messages is None and isinstance(text, (list, tuple, np.ndarray)):  # token ids, as given
             if docs:
@@ -293,7 +293,7 @@ class Requests:
                 raise PrefixEdgeError("nothing to read ahead: the template gives no cut at the reply's end")
             ids, cuts = ids[:cuts[-1]], tuple(cuts[:-1])
         compose = None
-        if docs and opts["compose_documents"]:  # compose.py: opt-in, not exact
+        if docs and opts["compose_documents"]:  # documents/compose.py: opt-in, not exact
             compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache,
                                         scope)
             if compose is not None:
@@ -357,7 +357,7 @@ class Requests:
         """(Composition, the tail ids) of a composed request, or None where its documents cannot
         be told apart in the prompt (a text that spells a special token, a template that
         changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
-        from .compose import Composition, Piece, composition_key
+        from .documents.compose import Composition, Piece, composition_key
         from .cache.documents import document_key
         why = Rope.refusal(self.manifest.model)
         if why is not None or not self.backend.keeps_partial:

@@ -18,14 +18,14 @@ A conversation on a model whose chat template has a documents section of its own
 `documents`, as HF's apply_chat_template(documents=...) passes them) gets them there instead
 (prepare.py `_native_documents`).
 
-`compose_documents=True` (opt-in, not exact; compose.py): the same block, each document's own
+`compose_documents=True` (opt-in, not exact; documents/compose.py): the same block, each document's own
 text (`module`: its title line and text) tokenized on its own, its KV computed once and
 composed in any order.
 """
 
 from __future__ import annotations
 
-from ..options import MAX_INPUT_BYTES, OptionError, check_text
+from ...options import MAX_INPUT_BYTES, OptionError, check_text
 
 MAX_DOCUMENTS = 64             # documents in one call
 FIELDS = ("title", "text")     # a document's fields

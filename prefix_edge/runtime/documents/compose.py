@@ -1,7 +1,7 @@
 """Composed documents (`compose_documents=True`, opt-in: not exact): each document's KV is
 computed once on its own and reused wherever, in whatever order, it comes again.
 
-A composed request's prompt is pieces (documents.py `composed_pieces`): the head (the prompt up
+A composed request's prompt is pieces (block.py `composed_pieces`): the head (the prompt up
 to the first document), then per document its label (from the second on: the separator and
 "[i] ") and its ids, then the tail (the rest: the question, the generation prompt). On the
 engine thread, after the scheduler has restored the request's root (a task's prefix, or none):
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache.documents import DocumentKv, document_key
-from .kv import KvLayers, Rope
+from ..cache.documents import DocumentKv, document_key
+from ..kv import KvLayers, Rope
 
 @dataclass
 class Piece:
