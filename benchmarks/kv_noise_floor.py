@@ -22,7 +22,7 @@ from kv_compare import add_common_args, greedy, held_out, teacher_forced
 
 
 def perturbed(be, prefix, rng):
-    from prefix_edge.runtime.prefix import Prefix
+    from prefix_edge.runtime.engines.prefix import Prefix
 
     if be.name == "onnx":  # fp32: x * (1 ± 2^-23) is x moved by about one ulp
         kv = [(a * (1 + np.float32(2.0 ** -23) * rng.choice(np.float32([-1, 1]), size=a.shape))).astype(a.dtype)

@@ -31,7 +31,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge import Runtime
     from prefix_edge.bundle import prefixfile
-    from prefix_edge.runtime.prefix import Prefix
+    from prefix_edge.runtime.engines.prefix import Prefix
 
     stores = args.stores.split(",")
     totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "forced_agree": 0,

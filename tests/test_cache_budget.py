@@ -13,8 +13,8 @@ from prefix_edge import Runtime
 from prefix_edge.runtime.cache.budget import HostBudget
 from prefix_edge.runtime.cache.documents import DocumentKv
 from prefix_edge.runtime.cache.prompts import PromptCache
-from prefix_edge.runtime.kv import KvLayers
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.kv import KvLayers
+from prefix_edge.runtime.engines.prefix import Prefix
 
 from .helpers.sheets import DOCS, QUESTIONS, ask_text
 

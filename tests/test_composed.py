@@ -2,7 +2,7 @@
 once after the shared context, re-rotated to where it stands, its first k tokens prefilled in
 place. Not exact by design, so what is asserted is what must hold anyway:
 
-- the rotation (runtime/kv.py) is the model's: frequencies equal transformers' for each scaling,
+- the rotation (runtime/engines/kv.py) is the model's: frequencies equal transformers' for each scaling,
   and a layer-0 key cached at one position, moved, equals the engine's own key computed at the
   other position (both engines);
 - KV as data round-trips: an engine's state through kv_of / prefix_of restores to the same
@@ -26,7 +26,7 @@ from prefix_edge import Runtime
 from prefix_edge.bundle import Bundle
 from prefix_edge.options import OptionError
 from prefix_edge.runtime.engines import open_backend
-from prefix_edge.runtime.kv import Rope, shift_keys
+from prefix_edge.runtime.engines.kv import Rope, shift_keys
 
 from .helpers.served import KEY, client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
 
@@ -118,7 +118,7 @@ def test_kv_as_data_round_trips(bundle_int4, backend):
 def test_the_document_cache_is_bounded_and_drops_composed_states_first():
     from prefix_edge.runtime.cache.documents import DocumentKv
     from prefix_edge.runtime.documents.compose import Composed
-    from prefix_edge.runtime.kv import KvLayers
+    from prefix_edge.runtime.engines.kv import KvLayers
 
     def doc(n):
         return KvLayers([np.zeros((n, 1, 4), np.float32)], [np.zeros((n, 1, 4), np.float32)])  # 32n bytes

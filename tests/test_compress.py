@@ -17,7 +17,7 @@ import pytest
 from prefix_edge import PrefixEdgeError, Runtime
 from prefix_edge.bundle import Bundle
 from prefix_edge.export.compress import choose
-from prefix_edge.runtime.kv import shift_keys
+from prefix_edge.runtime.engines.kv import shift_keys
 from prefix_edge.tasks.taskfile import compress_ratio as parse_ratio
 
 from .conftest import INPUTS, _export

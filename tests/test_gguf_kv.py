@@ -136,7 +136,7 @@ def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv, which):
     head by a Hadamard matrix where llama.cpp does (heads of 64; this model's are 32: none),
     then quantizes. From the f16 cells of a text prefix it gives llama.cpp's own q8_0 cells (up
     to the f16 rounding of its source) and the same next-token logits."""
-    from prefix_edge.runtime.prefix import Prefix
+    from prefix_edge.runtime.engines.prefix import Prefix
     from prefix_edge.llamacpp.seqstate import extract_kv
     from prefix_edge.llamacpp.seqstate_write import build_seq_state
 

@@ -20,7 +20,7 @@ import pytest
 
 from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.llamacpp.seqstate import SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 from prefix_edge.llamacpp.seqstate_write import build_seq_state, in_stream, out_of_stream
 

@@ -16,7 +16,7 @@ import pytest
 
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.engines.llama.engine import LlamaBackend
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.llamacpp.seqstate import check_seq_state, extract_kv, parse_seq_state
 from prefix_edge.llamacpp.seqstate_write import build_seq_state
 

@@ -13,7 +13,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from prefix_edge.errors import PrefixEdgeError  # noqa: E402
-from prefix_edge.runtime.prefix import Prefix  # noqa: E402
+from prefix_edge.runtime.engines.prefix import Prefix  # noqa: E402
 from prefix_edge.runtime.engines.llama.engine import LlamaBackend  # noqa: E402
 from prefix_edge.runtime.engines.llama.prefix_files import write_prefix  # noqa: E402
 from prefix_edge.llamacpp.seqstate import (  # noqa: E402

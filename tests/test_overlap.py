@@ -1,4 +1,4 @@
-"""runtime/overlap.py: the work beside an engine's native load runs once, on the opening thread,
+"""runtime/engines/overlap.py: the work beside an engine's native load runs once, on the opening thread,
 while the load runs on another; errors of either surface as they would without the overlap."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from prefix_edge.runtime.overlap import beside, native_load
+from prefix_edge.runtime.engines.overlap import beside, native_load
 
 pytestmark = pytest.mark.unit
 WAIT = 60  # seconds a barrier waits for the other side: a hang guard, far beyond any machine's load

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from prefix_edge import Runtime
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.runtime.cache.prompts import PromptCache, chain, chunk_ends
 
 from .helpers.sheets import DOCS, QUESTIONS, ask_text

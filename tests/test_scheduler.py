@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from prefix_edge.errors import PrefixEdgeError, RuntimeBusy
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.runtime.request import Request
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.scheduling import TOK, outcome, request, scheduler

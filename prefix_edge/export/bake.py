@@ -22,7 +22,7 @@ import numpy as np
 
 from ..bundle import Manifest, ModelInfo, TaskPrefixFile, layout, sha256_file
 from ..errors import PrefixEdgeError
-from ..runtime.prefix import Prefix
+from ..runtime.engines.prefix import Prefix
 from ..tasks import RenderedTask
 
 from ..bundle.prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
@@ -137,7 +137,7 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
     the engine (prefix_of) from the KV as data; what only the checkpoint knows is said here: how
     its keys pair their rotated dims, which layers slide, which hold no KV of their own."""
     from .peft import hf_keys_to_llama_cpp
-    from ..runtime.kv import KvLayers, hf_rope_layout
+    from ..runtime.engines.kv import KvLayers, hf_rope_layout
 
     V = keys[0].shape[1]
     lay = be.state_layout

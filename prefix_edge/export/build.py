@@ -187,7 +187,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     from ..runtime.decode.constraint import check_task_defaults
     from ..runtime.engines import open_backend
-    from ..runtime.kv import hf_rope_layout
+    from ..runtime.engines.kv import hf_rope_layout
     from .bake import bake, prefix_ids
     from .gguf_source import adopt_engine_shape, check_rope, read_gguf_source, takes_direct_path
     from .peft import check_adapter, read_adapter

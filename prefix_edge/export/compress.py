@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from ..runtime.kv import KvLayers, shift_keys
+from ..runtime.engines.kv import KvLayers, shift_keys
 
 METHOD = "window-attention"
 REPEAT = "\n\nRepeat the previous context exactly.\n"

@@ -109,7 +109,7 @@ def read_gguf_source(model: Path, tokenizer_dir: Path) -> GgufSource:
 
 def gguf_rope(field, arch: str, head_dim: int, tensors: set[str]) -> dict:
     """The rotary as the GGUF's metadata says it (llama.cpp's keys: `{arch}.rope.*`), in the
-    manifest's terms (runtime/kv.py Rope): theta, the rotated share of a head, the scaling. A
+    manifest's terms (runtime/engines/kv.py Rope): theta, the rotated share of a head, the scaling. A
     per-dimension frequency table (`rope_freqs.weight`: Llama 3.1's scaling as llama.cpp's
     converter writes it) is named as a scaling the runtime does not re-rotate by. check_rope
     holds it to llama.cpp's own keys before anything moves a key by it."""
@@ -138,7 +138,7 @@ ROPE_CHECK_AT = (1, 7, 63, 255, 511)  # positions a layer-0 key is moved to and 
 
 def check_rope(info: ModelInfo, be) -> None:
     """Hold the GGUF's rotary (info.rope, gguf_rope) to llama.cpp's own cached keys, and record
-    the verdict as info.rope["checked"]: composed documents move keys (runtime/kv.py) only by a
+    the verdict as info.rope["checked"]: composed documents move keys (runtime/engines/kv.py) only by a
     rotary that passed. A layer-0 key depends on its token and position alone, so one token
     repeated gives at each position p the key at 0 rotated by p: the key at 0 moved by
     shift_keys must equal it (to the f16 cache's rounding)."""
@@ -146,7 +146,7 @@ def check_rope(info: ModelInfo, be) -> None:
 
     import numpy as np
 
-    from ..runtime.kv import Rope, shift_keys
+    from ..runtime.engines.kv import Rope, shift_keys
 
     trial = dataclasses.replace(info, rope={**(info.rope or {}), "checked": True})
     if Rope.refusal(trial) is not None or not be.keeps_partial:

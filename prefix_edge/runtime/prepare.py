@@ -22,7 +22,7 @@ from .stream import Result, Stats
 from .decode.constraint import Grammars
 from .documents.block import check_documents, module, with_documents
 from .cache.prompts import MIN_TEXT_TOKENS
-from .kv import Rope
+from .engines.kv import Rope
 from .decode.text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 

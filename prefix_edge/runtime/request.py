@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .prefix import Prefix
+from .engines.prefix import Prefix
 from .decode.sampling import Sampler
 from .decode.text import TextStream
 

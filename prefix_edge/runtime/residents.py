@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..errors import PrefixEdgeError
-from .prefix import Prefix
+from .engines.prefix import Prefix
 
 
 @dataclass

@@ -16,7 +16,7 @@ from ..bundle import BACKENDS, Bundle
 from ..errors import PrefixEdgeError, warn
 from .engines.protocol import EngineConfig, Opened
 from .engines import engine_class
-from .overlap import beside
+from .engines.overlap import beside
 from .cache.prefixes import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream

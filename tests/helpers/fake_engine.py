@@ -24,8 +24,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from prefix_edge.bundle import prefixfile
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.engines.protocol import Embeddings, OneSequence, Opened, StateLayout, fit_prefix
-from prefix_edge.runtime.kv import KvLayers
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.kv import KvLayers
+from prefix_edge.runtime.engines.prefix import Prefix
 
 N_VOCAB = 64
 EOS = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prefix_edge.runtime.prefix import Prefix
+from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.runtime.request import Request
 from prefix_edge.runtime.decode.sampling import Sampler
 from prefix_edge.runtime.scheduler import Scheduler

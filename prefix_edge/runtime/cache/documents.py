@@ -1,6 +1,6 @@
 """DocumentKv: documents' KV computed once on their own, for composed requests (compose.py).
 
-An entry is one document's K and V (runtime/kv.py KvLayers) as computed right after the
+An entry is one document's K and V (runtime/engines/kv.py KvLayers) as computed right after the
 context every document of a request shares (the root: a task's prefix or none, then the
 prompt up to the first document), at the positions that follow that context. Its key is a
 hash of the root, that context's ids and the document's ids: the same document under another
@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..kv import KvLayers
+from ..engines.kv import KvLayers
 
 DEFAULT_BYTES = 512 << 20  # as the prompt cache's (cache/prompts.py)
 

@@ -10,7 +10,7 @@ import numpy as np
 from ...bundle import Bundle
 from ...errors import PrefixEdgeError
 from ..engines.protocol import Engine
-from ..prefix import Prefix
+from ..engines.prefix import Prefix
 
 
 class PrefixCache:

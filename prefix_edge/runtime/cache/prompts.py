@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..prefix import Prefix
+from ..engines.prefix import Prefix
 
 DEFAULT_BYTES = 512 << 20
 MIN_TEXT_TOKENS = 64  # a text input shorter than this is not kept (its KV costs more than it saves)

@@ -8,12 +8,12 @@ engine thread, after the scheduler has restored the request's root (a task's pre
 
 1. the head is prefilled;
 2. every document not in the document cache (cache/documents.py) is prefilled right after the
-   head, alone, and its K and V kept (runtime/kv.py KvLayers): computed after the same context
+   head, alone, and its K and V kept (runtime/engines/kv.py KvLayers): computed after the same context
    whatever the order, so a hit equals a miss;
 3. back at the head's end, the documents are laid in their order: a document's first `k`
    tokens are prefilled where they now stand (they see every document before: EPIC's
    LegoLink, recomputing each chunk's attention-sink tokens), the rest of its KV is spliced
-   in with its keys re-rotated to the new positions (runtime/kv.py); the first document sits
+   in with its keys re-rotated to the new positions (runtime/engines/kv.py); the first document sits
    where it was computed and is spliced as it is, so one document composes exactly;
 4. the scheduler prefills the tail as any input and decodes.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache.documents import DocumentKv, document_key
-from ..kv import KvLayers, Rope
+from ..engines.kv import KvLayers, Rope
 
 @dataclass
 class Piece:

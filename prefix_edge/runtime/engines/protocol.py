@@ -16,8 +16,8 @@ caller at run time, from its one engine thread, and makes exactly these calls:
     engine.seq_free(seq)
 
 A composed request (compose.py) adds, between forwards: kv_of (a state as per-layer K/V
-arrays, runtime/kv.py), seq_extend (positions' K/V appended to a sequence as data),
-seq_reserve (room for the positions it will hold) and seq_truncate; keys move with runtime/kv.py. prefix_of is kv_of's way back.
+arrays, runtime/engines/kv.py), seq_extend (positions' K/V appended to a sequence as data),
+seq_reserve (room for the positions it will hold) and seq_truncate; keys move with runtime/engines/kv.py. prefix_of is kv_of's way back.
 
 Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
 Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import numpy as np
 
 from ...errors import PrefixEdgeError
-from ..prefix import Prefix
+from .prefix import Prefix
 
 if TYPE_CHECKING:
     from ...bundle import Bundle
-    from ..kv import KvLayers
+    from .kv import KvLayers
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ class Engine(Protocol):
     # model gives only the last position's logits (an ONNX graph without `logits_rows`):
     # `speculative="lookup"` then decodes as "off".
     verifies: bool
-    # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/kv.py shift_keys).
+    # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/engines/kv.py shift_keys).
     rope_layout: str
     # prefill_embeddings runs here (input embeddings in place of tokens: a PEFT soft prompt).
     # False: the model takes token ids only (the ONNX graph: export bakes a soft prompt through
@@ -174,7 +174,7 @@ class Engine(Protocol):
 
     def seq_pos(self, seq: int) -> int: ...  # seq's next position (after its last stored one)
 
-    # -- KV as data (runtime/kv.py): every layer's K and V of a state's positions ---------------
+    # -- KV as data (runtime/engines/kv.py): every layer's K and V of a state's positions ---------------
     def kv_of(self, prefix: Prefix) -> "KvLayers": ...
 
     # kv's layers in the model's order; `sliding`: which of them are sliding-window layers of

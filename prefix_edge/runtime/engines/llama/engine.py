@@ -33,8 +33,8 @@ from .context import ContextSpec, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
 from .prefix_files import BACKEND, PrefixFiles
-from ...overlap import native_load
-from ...prefix import Prefix
+from ..overlap import native_load
+from ..prefix import Prefix
 from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes
 
 

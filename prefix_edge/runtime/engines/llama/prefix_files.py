@@ -22,8 +22,8 @@ import numpy as np
 from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
 from ....llamacpp.lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
-from ...kv import KvLayers
-from ...prefix import Prefix
+from ..kv import KvLayers
+from ..prefix import Prefix
 from ....llamacpp.seqstate import GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state, parse_seq_state
 from ....llamacpp.seqstate_write import out_of_stream, row_bytes
 
@@ -176,7 +176,7 @@ class PrefixFiles:
         file's ids and header), with room to spare: a larger file is refused unread."""
         return 2 * (self.state_base_bytes + (self.bytes_per_cell + 64) * n_tokens) + 8 * n_tokens + (1 << 20)
 
-    # -- KV as data (runtime/kv.py) ----------------------------------------------------------
+    # -- KV as data (runtime/engines/kv.py) ----------------------------------------------------------
     def kv_of(self, prefix: Prefix) -> KvLayers:
         """A state's K and V per layer, [positions, kv_heads, head_dim], in position order
         (float16 from an f16 cache; a q8_0 cache's values dequantized to float32). Only a

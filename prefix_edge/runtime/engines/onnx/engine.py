@@ -30,8 +30,8 @@ import numpy as np
 from ....errors import PrefixEdgeError
 from .sessions import Sessions
 from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
-from ...kv import hf_rope_layout
-from ...prefix import Prefix
+from ..kv import hf_rope_layout
+from ..prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
 from .kv_data import KvData
 from .prefix_files import PrefixFiles
@@ -87,7 +87,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
         self.prefix_store = prefix_store  # how save_prefix / write_snapshot store KV (prefixfile.KV_STORES)
-        self.rope_layout = rope_layout  # the HF model's (the graph is built from it): runtime/kv.py hf_rope_layout
+        self.rope_layout = rope_layout  # the HF model's (the graph is built from it): runtime/engines/kv.py hf_rope_layout
         # the full session, and while the CPUs are contended a lean one (sessions.py)
         self._sessions = Sessions(Path(model_path), device, threads, verify, model_sha256,
                                   adaptive=adaptive, background=background)

@@ -1,4 +1,4 @@
-"""The ONNX engine's KV-as-data calls (runtime/kv.py KvLayers; engines/protocol.py): a state's
+"""The ONNX engine's KV-as-data calls (runtime/engines/kv.py KvLayers; engines/protocol.py): a state's
 per-layer K and V as arrays and back, positions' K and V appended to a sequence, room made for
 it. A mixin of OnnxBackend (engine.py): it reads the engine's sequences, buffers and dtype."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ....errors import PrefixEdgeError
-from ...kv import KvLayers
-from ...prefix import Prefix
+from ..kv import KvLayers
+from ..prefix import Prefix
 from .kv_buffer import GROW_MIN, round_up
 
 

@@ -138,7 +138,7 @@ def new_session(path: Path, opts, providers: list[str]):
     (overlap.py: Runtime.open's tokenizer), PARSE_S into the creation."""
     import onnxruntime as ort
 
-    from ...overlap import native_load
+    from ..overlap import native_load
 
     return native_load(lambda: ort.InferenceSession(str(path), opts, providers=providers), PARSE_S)
 

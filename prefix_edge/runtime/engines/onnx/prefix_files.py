@@ -17,7 +17,7 @@ import numpy as np
 
 from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
-from ...prefix import Prefix
+from ..prefix import Prefix
 
 
 class PrefixFiles:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
+from ...errors import PrefixEdgeError
 
 # model types whose every attention layer rotates keys with one set of frequencies before
 # caching them (q/k norms, where they have them, come before the rotary)
