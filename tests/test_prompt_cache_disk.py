@@ -69,6 +69,13 @@ def _same(got, ref) -> None:
     assert got.tokens == ref.tokens and got.logprobs == ref.logprobs
 
 
+def _asked_twice(rt: Runtime) -> tuple:
+    """A new question on DOC with the prompt cache (and its files), then without: (got, ref)."""
+    got = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2)
+    ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2, use_prompt_cache=False)
+    return got, ref
+
+
 def _write_three(rt: Runtime, doc: str = DOC) -> None:
     """The same document with three questions: hit twice at the document's chunks (written)."""
     for q in QUESTIONS[:3]:
@@ -170,9 +177,7 @@ def test_a_bad_file_is_a_miss_with_one_warning_and_goes(bundle_int4, backend, ho
     capfd.readouterr()
     with _open(bundle_int4, backend) as rt:
         P = rt.manifest.tasks["support"].prefix_tokens
-        got = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2)
-        ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2,
-                          use_prompt_cache=False)
+        got, ref = _asked_twice(rt)
         _same(got, ref)
         assert got.stats.cached_tokens == P  # a miss
         info = rt.engine_info()["prompt_cache"]
@@ -240,9 +245,7 @@ def test_a_forged_file_is_refused_and_the_answer_is_the_uncached_one(bundle_int4
         capfd.readouterr()
         with _open(bundle_int4, backend) as rt:
             P = rt.manifest.tasks["support"].prefix_tokens
-            got = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2)
-            ref = rt.generate("support", _text(DOC, QUESTIONS[3]), max_tokens=8, logprobs=2,
-                              use_prompt_cache=False)
+            got, ref = _asked_twice(rt)
             info = rt.engine_info()["prompt_cache"]
         err = capfd.readouterr().err
         if refused:
