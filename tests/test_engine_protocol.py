@@ -48,7 +48,7 @@ def assigned(cls) -> set[str]:
 def test_the_protocol_declares_what_its_users_ask():
     attrs, calls = declared()
     assert {"n_batch", "n_vocab", "kv_cells_total", "single_seq", "n_ctx", "keeps_partial",
-            "state_layout", "verifies"} <= attrs
+            "state_layout", "verifies", "batches_sequences"} <= attrs
     assert {"from_bundle", "seq_restore", "seq_copy", "seq_snapshot", "forward", "seq_free", "seq_pos",
             "seq_truncate", "prefix_from", "load_prefix", "read_prefix_ids", "save_prefix", "write_snapshot",
             "state_info", "close"} <= calls
@@ -99,6 +99,7 @@ def test_engines_from_a_bundle_keep_the_contract(bundle_int4, backend, shared_kv
         lay = be.state_layout  # a plain Llama-shaped model: every layer's KV keeps every position
         assert (lay.kv_layers, lay.window_layers, lay.recurrent_layers) == (be.n_layers, 0, 0), lay
         assert lay.keeps_partial and be.keeps_partial
+        assert be.batches_sequences  # a plain Llama: a token beside another sequence's is computed as alone
         assert be.kv_cells_total is None if backend == "onnx" else be.kv_cells_total >= opened.n_ctx
         spare = backend == "onnx" or shared_kv
         taken = set(opened.request_seqs) | set(opened.resident_seqs)

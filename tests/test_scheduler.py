@@ -58,6 +58,27 @@ def test_requests_together_equal_each_alone():
     assert max(sum(1 for _, _, n in f if n == 1) for f in engine.log) >= 2
 
 
+def test_an_engine_that_batches_otherwise_decodes_each_sequence_alone():
+    """An engine whose token beside another sequence's gets other logits (batches_sequences
+    False, as llama.cpp's Gemma 3n): requests together still give each one's lone tokens, every
+    forward holding one sequence; the fake's batched logits differ, so batching would show."""
+    refs = [alone(p, max_tokens=8) for p in PROMPTS]
+    s, engine = scheduler(FakeEngine(batches_sequences=False), prefill_chunk=4)
+    try:
+        rs = [request(p, max_tokens=8) for p in PROMPTS]
+        for r in rs:
+            s.submit(r)
+        for r, (tokens, reason) in zip(rs, refs):
+            assert outcome(r)[0] == reason and r.tokens == tokens
+    finally:
+        s.close()
+    assert max(len(f) for f in engine.log) == 1
+    batched = FakeEngine(batches_sequences=False)
+    batched.seq_restore(0, None), batched.seq_restore(1, None)
+    a, b = batched.forward([(0, 0, np.array([1])), (1, 0, np.array([2]))])
+    assert not np.array_equal(a, FakeEngine().forward([(0, 0, np.array([1]))])[0])
+
+
 def test_prefill_is_chunked_and_never_crosses_a_cut():
     s, engine = scheduler(prefill_chunk=4)
     try:

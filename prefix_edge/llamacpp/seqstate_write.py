@@ -1,7 +1,8 @@
 """Writing llama.cpp sequence-state blobs (the layout is in seqstate.py): a prefix's cells
 from K and V arrays (a PEFT prefix-tuning adapter's KV, baked for the GGUF backend), and a
 bundle's one-stream blobs re-laid for a context with a KV stream per sequence and back (a
-hybrid model's recurrent part, which has no streams, travels as it is)."""
+hybrid model's recurrent part, which has no streams, travels as it is), and a sliding-window part
+unfolded to the cells a prefill leaves (unfold_window)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from ..quantize.blocks import hadamard
 from .seqstate import (GGML_TYPE_F16, GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, SEQ_STATE_MAGIC,
                        SeqStateInfo, _read_cells, _read_data, _Reader)
 from .seqstate_recurrent import read_recurrent
+
+_MAX_UNFOLD = 1 << 22  # positions a sliding-window part may be unfolded to (llama.cpp's contexts stay far below)
 
 
 def row_bytes(ggml_type: int, n: int) -> int:
@@ -171,3 +174,44 @@ def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1,
     if off != b.size:
         raise PrefixEdgeError("seq-state blob: trailing bytes after its caches' parts")
     return np.concatenate(pieces)
+
+
+def unfold_window(blob: np.ndarray, info: SeqStateInfo) -> np.ndarray:
+    """A one-stream blob of a model with sliding-window layers (`info` its parse) re-laid so that
+    its sliding-window part has a cell for every position 0..n-1, in position order: the window's
+    cells with their rows, the older ones zero (outside the window, they are masked: their values
+    reach no sum). llama.cpp places a restored part's cells in the order given from the stream's
+    first cell, so each position then sits at the cell a prefill puts it in (cell = position, in
+    a sliding-window cache as large as the stream, swa_full); the attention sums run over the same
+    cells in the same lanes, and the tokens after a restore are the tokens after a prefill, bit
+    for bit. (The blob llama.cpp writes holds the window's cells only, so bundles and caches keep
+    that; only what goes back into a context is unfolded.)"""
+    b = np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
+    sw = info.swa
+    if sw is None or sw.cell_count == 0:
+        return b
+    n = int(sw.positions.max()) + 1
+    if n > _MAX_UNFOLD or int(sw.positions.min()) < 0:
+        raise PrefixEdgeError(f"seq-state blob: sliding-window positions up to {n - 1} cannot be laid out")
+    at = sw.positions.astype(np.int64)  # where each of the blob's cells goes
+    c = sw.cell_count
+    seq = int(sw.cell_seq_ids[0])
+    cells = np.empty((n, 3), "<i4")
+    cells[:, 0], cells[:, 1], cells[:, 2] = np.arange(n), 1, seq
+    out = [struct.pack("<II", 1, n), cells.tobytes(), struct.pack("<II", int(sw.v_trans), sw.n_layer)]
+    for lay in sw.layers:
+        rows = np.zeros((n, lay.k_row_bytes), np.uint8)
+        rows[at] = b[lay.k_offset:lay.k_offset + c * lay.k_row_bytes].reshape(c, lay.k_row_bytes)
+        out += [struct.pack("<iQ", lay.k_type, lay.k_row_bytes), rows.tobytes()]
+    for lay in sw.layers:
+        if sw.v_trans:  # [n_embd_v_gqa][cell][elem]
+            e, d = lay.v_elem_bytes, lay.n_embd_v_gqa
+            cols = np.zeros((d, n, e), np.uint8)
+            cols[:, at] = b[lay.v_offset:lay.v_offset + d * c * e].reshape(d, c, e)
+            out += [struct.pack("<iII", lay.v_type, e, d), cols.tobytes()]
+        else:
+            rows = np.zeros((n, lay.v_row_bytes), np.uint8)
+            rows[at] = b[lay.v_offset:lay.v_offset + c * lay.v_row_bytes].reshape(c, lay.v_row_bytes)
+            out += [struct.pack("<iQ", lay.v_type, lay.v_row_bytes), rows.tobytes()]
+    start, end = sw.span
+    return np.concatenate([b[:start], np.frombuffer(b"".join(out), np.uint8), b[end:]])

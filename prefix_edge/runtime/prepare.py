@@ -23,6 +23,7 @@ from .decode.constraint import Grammars
 from .documents.block import check_documents, module, with_documents
 from .cache.prompts import MIN_TEXT_TOKENS
 from .engines.kv import Rope
+from .engines.protocol import PREFILL_CHUNK
 from .decode.text import TextStream, TokenBytes, longer_than
 from .chat.tools import ENDED, check_tools, constraint_options, guide, native, read_call, task_call
 
@@ -323,7 +324,10 @@ class Requests:
                 prefix, key = None, None
                 if compose is None:  # (a composition's head holds them)
                     pre = self.prefixes.ids(task)
-                    ids, cuts = np.concatenate([pre, ids]), tuple(c + len(pre) for c in cuts)
+                    # the prefix read as export baked it: in PREFILL_CHUNK pieces, a chunk ending
+                    # at its end (protocol.PREFILL_CHUNK): the uncached answer is the baked one
+                    at = (*range(PREFILL_CHUNK, len(pre), PREFILL_CHUNK), len(pre)) if len(pre) else ()
+                    ids, cuts = np.concatenate([pre, ids]), (*at, *(c + len(pre) for c in cuts))
         if use_prompts:
             hit = self.prompts.lookup(root, full, cuts, P, counted=not read_ahead)
         turn_hit, keep = 0, None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..bundle import BACKENDS, Bundle
 from ..errors import PrefixEdgeError, warn
-from .engines.protocol import EngineConfig, Opened
+from .engines.protocol import PREFILL_CHUNK, EngineConfig, Opened
 from .engines import engine_class
 from .engines.overlap import beside
 from .cache.prefixes import PrefixCache
@@ -59,7 +59,7 @@ class Runtime:
 
     def __init__(self, bundle: Bundle, opened: Opened, tokenizer, fingerprint: str,
                  prefix_cache_size: int, slots: int = 4, queue_size: int = 64,
-                 prefill_chunk: int = 128, resident_bytes: int = RESIDENT_BYTES,
+                 prefill_chunk: int = PREFILL_CHUNK, resident_bytes: int = RESIDENT_BYTES,
                  verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
                  prompt_cache_disk: tuple[int, int, int] = (0, 2, 256),
                  document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
@@ -135,7 +135,7 @@ class Runtime:
              threads: int | None = None, prefix_cache_size: int = 4,
              n_ctx: int | None = None, verify: str = "cached", slots: int = 4,
              queue_size: int = 64, kv_cells: int | None = None,
-             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = 128,
+             resident_bytes: int = RESIDENT_BYTES, prefill_chunk: int = PREFILL_CHUNK,
              shared_kv: bool = False, prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,

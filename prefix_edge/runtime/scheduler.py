@@ -34,13 +34,14 @@ import numpy as np
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from .drafting import Drafting
 from .cache.prompts import chunk_end
+from .engines.protocol import PREFILL_CHUNK
 from .request import Request
 from .residents import Residents
 from .decode.sampling import token_logprobs
 
 
 class Scheduler:
-    def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = 128,
+    def __init__(self, backend, slots: int = 4, queue_size: int = 64, prefill_chunk: int = PREFILL_CHUNK,
                  resident_bytes: int = 0, resident_seqs: tuple[int, ...] = (),
                  request_seqs: tuple[int, ...] = (), kv_cells: int | None = None):
         self.backend = backend
@@ -279,7 +280,8 @@ class Scheduler:
     # the step ---------------------------------------------------------------------------
     def _step(self) -> None:
         """One step: ONE forward of every decoding request's next token (in sequence order,
-        which llama.cpp batches per stream), then a forward per prefill chunk (chunks of
+        which llama.cpp batches per stream; one forward each where the engine does not batch
+        sequences alike), then a forward per prefill chunk (chunks of
         `prefill_chunk` from the input's start, never cut by the batch's budget), so each
         request sees the same kernel shapes as in its lone run."""
         decode, budget = [], self.n_batch
@@ -294,7 +296,10 @@ class Scheduler:
                 ids = np.array([r.next_token, *draft], np.int64)  # and a draft to verify
                 decode.append(((r.seq, r.pos, ids, ids.size), (r, ids.size, draft)))
                 budget -= len(draft)
-        groups = [decode] if decode else []
+        # one forward of them all; one each where the engine computes a token otherwise beside
+        # another sequence's (protocol.Engine.batches_sequences)
+        groups = ([decode] if self.backend.batches_sequences else [[d] for d in decode]) if decode else []
+        n_decode = len(groups)  # the decode forwards come first (timed: drafting.RowCost)
         for r in list(self.active):  # composed documents (compose.py): a unit each
             if r.compose is not None and not r.compose.done and budget >= self.prefill_chunk:
                 budget -= self._compose(r)
@@ -305,8 +310,8 @@ class Scheduler:
                     break
                 groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])
                 budget -= n
-        for group in groups:
-            self._forward([it for it, _ in group], [ow for _, ow in group], timed=group is decode)
+        for k, group in enumerate(groups):
+            self._forward([it for it, _ in group], [ow for _, ow in group], timed=k < n_decode)
 
     def _compose(self, r: Request) -> int:
         """The next unit of r's composition; the tokens it forwarded."""

@@ -61,8 +61,11 @@ class FakeEngine(OneSequence):
         return Opened(engine, n_ctx, None, False, request_seqs=tuple(range(cfg.slots)))
 
     def __init__(self, n_vocab: int = N_VOCAB, n_ctx: int = 512, n_batch: int = 256,
-                 keeps_partial: bool = True, eos_bias: float = 0.0):
+                 keeps_partial: bool = True, eos_bias: float = 0.0, batches_sequences: bool = True):
         self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
+        # False: a token forwarded beside another sequence's gets other logits (as llama.cpp's
+        # Gemma 3n): the fake then moves every logit of such a forward by its item count
+        self.batches_sequences = batches_sequences
         self.keeps_partial = keeps_partial
         # one layer; a state that cannot be cut back is the fake's "recurrent" layer
         self.state_layout = StateLayout(kv_layers=1, recurrent_layers=0 if keeps_partial else 1)
@@ -116,6 +119,8 @@ class FakeEngine(OneSequence):
                 out.append(np.stack([self.logits(state[:len(state) - n + 1 + j]) for j in range(n)]))
             else:
                 out.append(self.logits(state))
+        if not self.batches_sequences and len(items) > 1:
+            out = [x + np.float32(0.5) * np.arange(x.shape[-1], dtype=np.float32) % len(items) for x in out]
         return out
 
     def kv_of(self, prefix: Prefix) -> KvLayers:

@@ -39,6 +39,8 @@ class ReadAhead:
         self._jobs: queue.Queue = queue.Queue(1)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified when a job is over
+        self._outstanding = 0  # jobs queued or being read
         self._closed = False
 
     def after(self, req, result, reason: str) -> None:
@@ -55,7 +57,7 @@ class ReadAhead:
                 self._jobs.get_nowait()  # an older reply not read yet: the newer one replaces it
                 self.skipped += 1
             except queue.Empty:
-                pass
+                self._outstanding += 1
             self._jobs.put_nowait(job)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="prefix-edge-read-ahead", daemon=True)
@@ -77,29 +79,43 @@ class ReadAhead:
             job = self._jobs.get()
             if job is None:
                 return
-            if not self._idle():
-                with self._lock:
-                    self.skipped += 1
-                continue
-            task, messages, scope = job
-            over = {"max_tokens": 1, "temperature": 0.0, "use_constraint": False}
-            if scope:
-                over["cache_scope"] = scope
             try:
-                r = self.requests.request(task, None, over, messages, read_ahead=True)
-                self.sched.submit(r)
-                while True:  # its one token: the state was kept when the prompt was read
-                    kind, value = r.events.get()
-                    if kind in ("done", "error"):
-                        break
-                kept = kind == "done" and value in ENDS  # not "cancelled": it gave way
+                self._read(job)
+            finally:
                 with self._lock:
-                    self.done += kept
-                    self.skipped += not kept
-            except (PrefixEdgeError, RuntimeBusy, RuntimeClosed) as e:
-                with self._lock:
-                    self.skipped += 1
-                    self.why = str(e)
+                    self._outstanding -= 1
+                    self._settled.notify_all()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until no reply waits or is being read (True), or `timeout` seconds pass (False):
+        for a caller who wants the next turn to find the reply read (a test, a benchmark)."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._outstanding == 0, timeout)
+
+    def _read(self, job) -> None:
+        if not self._idle():
+            with self._lock:
+                self.skipped += 1
+            return
+        task, messages, scope = job
+        over = {"max_tokens": 1, "temperature": 0.0, "use_constraint": False}
+        if scope:
+            over["cache_scope"] = scope
+        try:
+            r = self.requests.request(task, None, over, messages, read_ahead=True)
+            self.sched.submit(r)
+            while True:  # its one token: the state was kept when the prompt was read
+                kind, value = r.events.get()
+                if kind in ("done", "error"):
+                    break
+            kept = kind == "done" and value in ENDS  # not "cancelled": it gave way
+            with self._lock:
+                self.done += kept
+                self.skipped += not kept
+        except (PrefixEdgeError, RuntimeBusy, RuntimeClosed) as e:
+            with self._lock:
+                self.skipped += 1
+                self.why = str(e)
 
     def info(self) -> dict:
         with self._lock:
@@ -113,6 +129,8 @@ class ReadAhead:
             self._closed = True
             try:
                 self._jobs.get_nowait()
+                self._outstanding -= 1
+                self._settled.notify_all()
             except queue.Empty:
                 pass
             self._jobs.put_nowait(None)

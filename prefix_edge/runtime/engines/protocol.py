@@ -50,6 +50,15 @@ if TYPE_CHECKING:
     from .kv import KvLayers
 
 
+# The chunk a prefill reads at once, unless Runtime.open(prefill_chunk=...) says otherwise; export
+# bakes a prefix in chunks of this size too. An engine's numbers may depend on how many tokens one
+# forward holds (llama.cpp's quantized kernels: a batch of 7 and one of 206 round differently, up
+# to 1 logit apart on a real Gemma 3 Q4_K_M), so a baked prefix equals its prefill bit for bit when
+# both read it in the same chunks: the runtime's uncached prefill of a task reads its prefix in
+# these chunks and ends one at the prefix's end, where a baked prefix's input starts.
+PREFILL_CHUNK = 128
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What Runtime.open asks of an engine; each engine turns it into its own options."""
@@ -58,7 +67,7 @@ class EngineConfig:
     threads: int | None = None
     n_ctx: int | None = None       # positions one request may use (None: the engine's default)
     slots: int = 4                 # requests decoded together
-    prefill_chunk: int = 128
+    prefill_chunk: int = PREFILL_CHUNK
     shared_kv: bool = False        # llama.cpp: one cache shared by every sequence
     kv_cells: int | None = None    # llama.cpp: total KV cells
     verify: str = "cached"
@@ -149,6 +158,12 @@ class Engine(Protocol):
     # model gives only the last position's logits (an ONNX graph without `logits_rows`):
     # `speculative="lookup"` then decodes as "off".
     verifies: bool
+    # One forward of several sequences' tokens gives each sequence the logits of its lone
+    # forward, bit for bit. False where the engine computes a token otherwise beside another
+    # sequence's (llama.cpp's Gemma 3n: a one-token batch takes another path than a batch of
+    # several, measured at open): the scheduler then forwards each decoding sequence alone,
+    # so a request's tokens never depend on what else is running.
+    batches_sequences: bool
     # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/engines/kv.py shift_keys).
     rope_layout: str
     # prefill_embeddings runs here (input embeddings in place of tokens: a PEFT soft prompt).

@@ -47,10 +47,16 @@ def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
     # tokens) follows the placement.
     cp.n_seq_max = spec.n_seq_max
     cp.kv_unified = spec.kv_unified
-    # sliding-window layers (Gemma 3): their cache holds the window and one batch, not the
-    # whole context (llama.cpp's default sizes it like the full one); a sequence's state
-    # only ever holds the window's cells, so restores and snapshots are the same
-    cp.swa_full = False
+    # sliding-window layers (Gemma 3): their cache as large as the stream (swa_full), not a
+    # ring of the window and one batch. In a ring a position's cell depends on the chunks that
+    # came before it, and a restored state's cells sit elsewhere than a prefill's: the attention
+    # sums then run in other SIMD lanes, and a prompt-cache hit differed from a miss in the last
+    # bits (6 of 12 conversations). With the whole stream a position sits at its own cell both
+    # ways (seq_restore unfolds the window, seqstate_write.unfold_window): a hit equals a miss.
+    # The cost: those layers' cells for every position of a sequence (the stream grows with
+    # it, runtime/engines/llama/context.grow), not only the window's; states, bundles and caches
+    # still hold the window's cells only.
+    cp.swa_full = True
     cp.type_k = cp.type_v = spec.ggml_kv_type
     cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec.flash_attn
                           else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)

@@ -35,7 +35,7 @@ from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rota
 from .prefix_files import BACKEND, PrefixFiles
 from ..overlap import native_load
 from ..prefix import Prefix
-from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes
+from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes, unfold_window
 
 
 class LlamaBackend(PrefixFiles, OneSequence):
@@ -136,6 +136,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self.pos = 0
         if self.n_swa or hybrid or self.n_kv_heads == 0:  # the layout is read off a state of its own
             self.read_state_layout(hybrid)
+        self.batches_sequences = self._batches_alike()
         t = KV_TYPES[kv_type]
         kv_layers = self.n_layers if self.kv_layers is None else self.kv_layers + self.swa_n_layer
         self.bytes_per_cell = kv_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
@@ -246,9 +247,12 @@ class LlamaBackend(PrefixFiles, OneSequence):
             self._check(prefix)
         self._copied.pop(seq, None)
         grow(self, prefix.n_tokens + 1)
-        layout = self.parse_state(prefix.kv) if (self.state_parts == 2 or self.recurrent) and \
-            self.n_stream > 1 else None
-        blob = in_stream(prefix.kv, seq, self.n_stream, layout)
+        blob, layout = prefix.kv, None
+        if self.state_parts == 2:  # the window's cells where a prefill leaves them (context.py)
+            blob = unfold_window(blob, self.parse_state(blob))
+        if (self.state_parts == 2 or self.recurrent) and self.n_stream > 1:
+            layout = self.parse_state(blob)
+        blob = in_stream(blob, seq, self.n_stream, layout)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
         if n != blob.nbytes:
@@ -374,6 +378,24 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self._live()
         if not self.verifies or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
             raise PrefixEdgeError(f"cannot cut sequence {seq} back to {pos} here")
+
+    def _batches_alike(self) -> bool:
+        """Whether a sequence's token forwarded beside another sequence's gets the logits it
+        gets alone (protocol.Engine.batches_sequences): two one-token forwards on sequences 0
+        and 1, together and apart, compared bit for bit (a few milliseconds at open). Not so
+        on llama.cpp's Gemma 3n (a batch of one token takes another path: 4.6e-4 apart)."""
+        if self.n_seq_max < 2:
+            return True
+        L = self._L
+        ids = np.array([1], np.int64), np.array([2], np.int64)
+        try:
+            alone = self.forward([(0, 0, ids[0])])[0].copy()
+            L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+            together = self.forward([(0, 0, ids[0]), (1, 0, ids[1])])[0]
+            return bool(np.array_equal(alone, together))
+        finally:
+            for s in (0, 1):
+                L.llama_memory_seq_rm(self.mem, s, -1, -1)
 
     @property
     def verifies(self) -> bool:
