@@ -122,3 +122,23 @@ def test_prompt_cache_past_the_ring(bundle, backend):
         assert hit.stats.cached_from["prompt_cache"] == len(first), hit.stats
         assert cold.stats.cached_tokens == 0
         assert hit.tokens == cold.tokens and hit.tokens
+
+
+def test_window_cache_window_is_llama_cpps_ring(bundle):
+    """window_cache="window" (the opt-in for less memory) keeps llama.cpp's ring of the window
+    and a batch: past it, a sequence's earliest kept position moves on (the "full" default keeps
+    position 0's cells); the task past the ring still bakes and answers; a bad value is one line."""
+    from prefix_edge.errors import PrefixEdgeError
+
+    path, _, _ = bundle
+    first = {}
+    for mode in ("full", "window"):
+        with Runtime.open(path, backend="gguf", window_cache=mode) as rt:
+            be = rt.backend
+            be.begin(None)
+            be.prefill(np.arange(2 * RING) % 200 + 5)
+            first[mode] = int(be._L.llama_memory_seq_pos_min(be.mem, be.single_seq))
+            assert len(rt.generate("ring", "silver river", max_tokens=N).tokens) > 0
+    assert first == {"full": 0, "window": first["window"]} and first["window"] > 0, first
+    with pytest.raises(PrefixEdgeError, match="window_cache must be 'full' or 'window', got 'ring'"):
+        Runtime.open(path, backend="gguf", window_cache="ring")

@@ -140,7 +140,7 @@ class Runtime:
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
              document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
-             priority: str = "normal", read_ahead: bool = True) -> "Runtime":
+             priority: str = "normal", read_ahead: bool = True, window_cache: str = "full") -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -170,7 +170,13 @@ class Runtime:
         engine threads at a lower OS scheduling priority. read_ahead: after a conversation's
         call (messages) its reply is read into the prompt cache in the background, while the
         runtime is idle, so that the next turn prefills only its new message
-        (chat/read_ahead.py); exact (the chunks the next turn would read)."""
+        (chat/read_ahead.py); exact (the chunks the next turn would read). window_cache
+        (llama.cpp, models with sliding-window layers: Gemma 3, Gemma 3n): "full", the default,
+        keeps those layers' cells for every position of a sequence, so a prompt-cache hit and a
+        baked prefix give the prefill's logits bit for bit; "window" keeps a ring of the window
+        and one batch (llama.cpp's own default: less memory on long contexts, e.g. 45 MB less
+        per slot at 4,096 tokens on Gemma 3 270M), where a restored state's attention sums run
+        in other lanes than a prefill's and answers may differ at near ties (docs/models.md)."""
         from tokenizers import Tokenizer
 
         bundle = Bundle.open(path)
@@ -192,6 +198,8 @@ class Runtime:
             raise PrefixEdgeError(f"slots must be <= 64, got {slots}")
         from .engines.cpu_share import PRIORITIES
 
+        if window_cache not in ("full", "window"):
+            raise PrefixEdgeError(f"window_cache must be 'full' or 'window', got {window_cache!r}")
         if priority not in PRIORITIES:
             raise PrefixEdgeError(f"priority must be one of {', '.join(map(repr, PRIORITIES))}, got {priority!r}")
         for name, flag in (("shared_kv", shared_kv), ("read_ahead", read_ahead)):
@@ -200,7 +208,7 @@ class Runtime:
         longest = max((t.prefix_tokens for t in bundle.tasks.values()), default=0)
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
-                           verify=verify, longest_prefix=longest, priority=priority)
+                           verify=verify, longest_prefix=longest, priority=priority, window_cache=window_cache)
         # the tokenizer loads while the engine's model does (overlap.py)
         with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
             opened = engine_class(backend).from_bundle(bundle, hashes, cfg)

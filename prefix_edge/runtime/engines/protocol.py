@@ -73,6 +73,10 @@ class EngineConfig:
     verify: str = "cached"
     longest_prefix: int = 0        # the bundle's longest task prefix (must fit a request)
     priority: str = "normal"       # "background": one thread, not spinning, at a lower OS priority
+    # llama.cpp's sliding-window layers (Gemma 3): "full" keeps their cells for every position
+    # (exact: a hit and a bake equal a prefill); "window" a ring of the window and one batch
+    # (less memory on long contexts; answers may differ from a prefill in the last bits)
+    window_cache: str = "full"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class ContextSpec:
     ggml_kv_type: int
     flash_attn: bool
     threads: int | None
+    swa_full: bool = True  # sliding-window layers keep every position's cell (exact; see make_context)
 
 
 def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
@@ -56,7 +57,7 @@ def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
     # The cost: those layers' cells for every position of a sequence (the stream grows with
     # it, runtime/engines/llama/context.grow), not only the window's; states, bundles and caches
     # still hold the window's cells only.
-    cp.swa_full = True
+    cp.swa_full = spec.swa_full  # False: EngineConfig.window_cache "window", the ring (less memory, not exact)
     cp.type_k = cp.type_v = spec.ggml_kv_type
     cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec.flash_attn
                           else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)

@@ -38,6 +38,9 @@ from ..prefix import Prefix
 from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes, unfold_window
 
 
+WINDOW_CACHES = ("full", "window")  # EngineConfig.window_cache
+
+
 class LlamaBackend(PrefixFiles, OneSequence):
     name = BACKEND
     state_base_bytes = 0  # a state's bytes that do not grow with its cells (read_state_layout)
@@ -45,7 +48,8 @@ class LlamaBackend(PrefixFiles, OneSequence):
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
                  n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
-                 max_ctx_seq: int | None = None, adaptive: bool = False, background: bool = False):
+                 max_ctx_seq: int | None = None, adaptive: bool = False, background: bool = False,
+                 window_cache: str = "full"):
         L = self._L = load_llama_cpp()
         # adaptive: `threads` is the most a forward runs; each one runs what the CPUs have free
         # then (cpu_share.py), so the engine never collapses beside another busy process
@@ -120,7 +124,11 @@ class LlamaBackend(PrefixFiles, OneSequence):
             raise
         self.state_version = state_version()
 
-        self._spec = ContextSpec(n_seq_max, n_batch or n_ctx, kv_unified, KV_TYPES[kv_type], flash_attn, threads)
+        if window_cache not in WINDOW_CACHES:
+            raise PrefixEdgeError(f"window_cache must be one of {', '.join(map(repr, WINDOW_CACHES))}, got {window_cache!r}")
+        self.window_cache = window_cache
+        self._spec = ContextSpec(n_seq_max, n_batch or n_ctx, kv_unified, KV_TYPES[kv_type], flash_attn, threads,
+                                 swa_full=window_cache == "full")
         try:
             self.ctx = make_context(L, self.model, self._spec, n_ctx, device)
         except PrefixEdgeError:
@@ -190,7 +198,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
                  adaptive=cfg.threads is None and not background, background=background, n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
-                 max_ctx_seq=grow_to, **gguf_state_options(bundle.backend("gguf").state))
+                 max_ctx_seq=grow_to, window_cache=cfg.window_cache, **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
             return Opened(be, ctx, kv_cells, True, request_seqs=tuple(range(1, slots + 1)),
                           resident_seqs=tuple(range(slots + 1, be.n_seq_max)))
@@ -248,7 +256,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self._copied.pop(seq, None)
         grow(self, prefix.n_tokens + 1)
         blob, layout = prefix.kv, None
-        if self.state_parts == 2:  # the window's cells where a prefill leaves them (context.py)
+        if self.state_parts == 2 and self._spec.swa_full:  # the window's cells where a prefill leaves them (context.py)
             blob = unfold_window(blob, self.parse_state(blob))
         if (self.state_parts == 2 or self.recurrent) and self.n_stream > 1:
             layout = self.parse_state(blob)
