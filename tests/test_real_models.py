@@ -77,6 +77,25 @@ def test_gemma3_prefix_past_the_window(gemma):
             assert baked.tokens == prefilled.tokens and baked.logprobs == prefilled.logprobs, text
 
 
+def test_gemma3_requests_together_answer_as_alone(gemma):
+    """Requests decoded together give each one's lone tokens (the engine forwards sequences
+    together only where it measured at open that a token beside another's is computed as alone)."""
+    import threading
+
+    _, bundle, _ = gemma
+    texts = ["good night", "the dog", "I love you", "the red house"]
+    with Runtime.open(bundle, backend="gguf", slots=4, read_ahead=False) as rt:
+        alone = [rt.generate("french", t, max_tokens=12).tokens for t in texts]
+        got: dict = {}
+        threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, rt.generate("french", texts[k], max_tokens=12).tokens))
+                   for k in range(len(texts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [got.get(k) for k in range(len(texts))] == alone
+
+
 @pytest.fixture(scope="module", params=["gguf", "onnx"])
 def qwen(request, tmp_path_factory):
     """The 1.5B model's bundle: GGUF-only (read and baked by llama.cpp), or ONNX through

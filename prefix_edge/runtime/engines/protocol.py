@@ -164,8 +164,8 @@ class Engine(Protocol):
     verifies: bool
     # One forward of several sequences' tokens gives each sequence the logits of its lone
     # forward, bit for bit. False where the engine computes a token otherwise beside another
-    # sequence's (llama.cpp's Gemma 3n: a one-token batch takes another path than a batch of
-    # several, measured at open): the scheduler then forwards each decoding sequence alone,
+    # sequence's (llama.cpp on the tiny seeded Gemma 3 and Gemma 3n, not on the real Gemma 3
+    # 270M; measured at open): the scheduler then forwards each decoding sequence alone,
     # so a request's tokens never depend on what else is running.
     batches_sequences: bool
     # How a cached key pairs its rotated dims ("halves" / "adjacent": runtime/engines/kv.py shift_keys).
