@@ -23,6 +23,23 @@ class PrefixEdgeError(Exception):
         self.param = param
 
 
+class EngineError(PrefixEdgeError):
+    """The engine (or the runtime's own code) failed while running a request: not the caller's
+    mistake. A server answers 500; any other PrefixEdgeError a call meets is about the call
+    itself and answers 4xx (serve/calls.step_error decides, once)."""
+
+
+def engine_error(e: BaseException, what: str = "engine error") -> EngineError:
+    """`e`, met while the engine ran a request, as an EngineError (one line; its message kept
+    where it is already a PrefixEdgeError's)."""
+    if isinstance(e, EngineError):
+        return e
+    if isinstance(e, PrefixEdgeError):
+        return EngineError(str(e))
+    text = " ".join(str(e).split())[:200]
+    return EngineError(f"{what}: {type(e).__name__}" + (f": {text}" if text else ""))
+
+
 class RuntimeBusy(PrefixEdgeError):
     """The runtime's request queue is full: retry later (a server answers 429)."""
 

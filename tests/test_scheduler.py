@@ -260,3 +260,25 @@ def test_close_cancels_what_runs_and_refuses_more():
         s.submit(request(PROMPTS[1]))
     s.close()
     assert engine.closed and engine.seqs == {}
+
+
+@pytest.mark.parametrize("fault", [RuntimeError("device lost"), PrefixEdgeError("llama_decode returned -3")],
+                         ids=["bug", "engine-refusal"])
+def test_an_engine_fault_is_an_engine_error(fault):
+    """What the engine raises while running a request (a bug or its own refusal) reaches the
+    caller as an EngineError: a server answers 500 for it, 400 for anything about the call."""
+    from prefix_edge.errors import EngineError
+
+    s, engine = scheduler()
+    try:
+        engine.fail_next = fault
+        r = request(PROMPTS[0], max_tokens=4)
+        s.submit(r)
+        while True:
+            kind, value = r.events.get(timeout=20)
+            if kind in ("error", "done"):
+                break
+        assert kind == "error" and isinstance(value, EngineError), (kind, value)
+        assert str(fault) in str(value)
+    finally:
+        s.close()

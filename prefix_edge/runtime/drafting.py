@@ -52,7 +52,7 @@ import logging
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..errors import PrefixEdgeError
+from ..errors import engine_error
 
 K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
 PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many, times
@@ -117,8 +117,7 @@ class Drafting:
             try:
                 self.backend.seq_truncate(r.seq, r.pos)
             except Exception as e:
-                finish(r, "error", e if isinstance(e, PrefixEdgeError) else
-                       PrefixEdgeError(f"engine error: {type(e).__name__}: {e}"))
+                finish(r, "error", engine_error(e))
 
 
 class Drafter:

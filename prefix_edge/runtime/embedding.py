@@ -34,7 +34,7 @@ from concurrent.futures import Future, InvalidStateError
 
 import numpy as np
 
-from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed, engine_error
 from ..options import MAX_INPUT_BYTES, OptionError, check_text
 
 POOLINGS = ("mean", "last", "prompt")
@@ -254,7 +254,7 @@ class Embedder:
                 self._runner = self.offer.open(self.max_tokens)
             vecs = self._runner.pooled([job.ids[i] for job, i in batch], batch[0][0].pooling)
         except Exception as e:  # every call in the batch gets the error
-            err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(f"embedding failed: {e}")
+            err = engine_error(e, "embedding failed")
             for job, _ in batch:
                 _settle(job.future, error=err)
             return

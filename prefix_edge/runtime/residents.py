@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..errors import PrefixEdgeError
+from ..errors import EngineError
 from .engines.prefix import Prefix
 
 
@@ -84,7 +84,7 @@ class Residents:
             return bool(self.free) and held + prefix.nbytes <= self.budget_bytes
 
         if not self.evict_until(fits):
-            raise PrefixEdgeError("internal error: no resident slot")  # can_hold said yes
+            raise EngineError("internal error: no resident slot")  # can_hold said yes
         seq = self.free.pop()
         try:
             self.backend.seq_restore(seq, prefix)

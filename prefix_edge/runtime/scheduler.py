@@ -31,7 +31,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..errors import EngineError, PrefixEdgeError, RuntimeBusy, RuntimeClosed, engine_error
 from .drafting import Drafting
 from .cache.prompts import chunk_end
 from .engines.protocol import PREFILL_CHUNK
@@ -133,7 +133,7 @@ class Scheduler:
                         continue
                     self._step()
                 except Exception as e:  # a bug must end the requests involved, not the engine
-                    err = PrefixEdgeError(f"internal engine error: {type(e).__name__}: {e}")
+                    err = engine_error(e, "internal engine error")
                     for r in list(self.active):
                         self._finish(r, "error", err)
         finally:
@@ -227,11 +227,14 @@ class Scheduler:
             try:
                 if not self._start(r):
                     return  # no room yet: wait for running requests to finish (FIFO)
-            except PrefixEdgeError as e:
+            except EngineError as e:
+                self._finish(r, "error", e)
+                continue
+            except PrefixEdgeError as e:  # the request itself (too large for the cache): the caller's
                 self._finish(r, "error", e)
                 continue
             except Exception as e:  # never let the engine thread die
-                self._finish(r, "error", PrefixEdgeError(f"internal error: {type(e).__name__}: {e}"))
+                self._finish(r, "error", engine_error(e, "internal error"))
                 continue
             self._unqueue(r)
             self.active.append(r)
@@ -252,7 +255,7 @@ class Scheduler:
                                   f"{self.kv_cells}; lower max_tokens or open with a larger kv_cells")
         if not self._free_cells_for(need, r.prefix_key if shared else None):
             if not self.active:  # nothing will free cells: cannot happen unless residents are pinned
-                raise PrefixEdgeError("no free KV cells for this request")
+                raise EngineError("no free KV cells for this request")
             return False
         seq = self.free_seqs.pop()
         try:
@@ -264,9 +267,11 @@ class Scheduler:
             else:
                 self.backend.seq_restore(seq, r.prefix, r.prefix_keep)
                 r.reserved = own + n_prefix
-        except BaseException:
+        except BaseException as e:
             self.backend.seq_free(seq)
             self.free_seqs.append(seq)
+            if isinstance(e, Exception):  # the engine's restore or copy failed: not the caller's
+                raise engine_error(e) from None
             raise
         r.seq, r.pos = seq, n_prefix
         r.load_ms += (time.perf_counter() - t) * 1e3
@@ -318,8 +323,7 @@ class Scheduler:
         try:
             return r.compose.advance(self.backend, r)
         except Exception as e:
-            self._finish(r, "error", e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(
-                f"engine error while composing documents: {type(e).__name__}: {e}"))
+            self._finish(r, "error", engine_error(e, "engine error while composing documents"))
             return 0
 
     def _forward(self, items: list, owners: list, timed: bool = False) -> None:
@@ -329,8 +333,7 @@ class Scheduler:
             if timed:  # the decode forward: what a verified row costs here (drafting.RowCost)
                 self.drafting.cost.observe(sum(n for _, n, _ in owners), time.perf_counter() - t0)
         except Exception as e:
-            err = e if isinstance(e, PrefixEdgeError) else \
-                PrefixEdgeError(f"engine error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            err = engine_error(e)
             for r, _, _ in owners:
                 self._finish(r, "error", err)
             return
@@ -390,8 +393,8 @@ class Scheduler:
         try:
             self._next_token(r, logits)
         except Exception as e:
-            err = e if isinstance(e, PrefixEdgeError) else PrefixEdgeError(
-                f"internal error in this request's sampling: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            # its own options' failure is the caller's (OptionError, a PrefixEdgeError); a bug here is not
+            err = e if isinstance(e, PrefixEdgeError) else engine_error(e, "internal error in this request's sampling")
             if r.done:  # it failed inside its own end: its consumer still gets a last event
                 r.emit("error", err)
             self._finish(r, "error", err)

@@ -13,7 +13,7 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..errors import ContextLengthExceeded, PrefixEdgeError, RuntimeBusy, RuntimeClosed
+from ..errors import ContextLengthExceeded, EngineError, PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from .schema import ApiError, api_error
 
@@ -57,6 +57,21 @@ def start(rt, task, text, messages, opts: dict, n: int, param: str) -> list:
         raise api_error(e, dict.fromkeys(INPUT_ARGS, param))
     except PrefixEdgeError as e:
         raise ApiError(400, str(e), param if e.param in (None, *INPUT_ARGS) else e.param)
+
+
+def step_error(e: BaseException, names: dict[str, str] | None = None) -> ApiError:
+    """An error a running call met, as what the server answers — decided here, once, by its kind:
+    the call's own option failing at a step (OptionError: its field named) or anything else
+    about the call itself (a PrefixEdgeError: e.g. more KV cells than the cache has) is the
+    caller's, 400; the engine failing, or a bug (EngineError, any other exception), 500
+    ("server_error"). `names`: the runtime's field names as the endpoint's request spells them."""
+    if isinstance(e, OptionError):
+        return api_error(e, names)
+    if isinstance(e, PrefixEdgeError) and not isinstance(e, EngineError):
+        return ApiError(400, str(e), (names or {}).get(e.param, e.param))
+    err = ApiError(500, str(e) if isinstance(e, PrefixEdgeError) else f"internal error: {type(e).__name__}")
+    err.type = "server_error"
+    return err
 
 
 class LogprobFormat:

@@ -19,12 +19,11 @@ from typing import Any
 from fastapi import Request
 
 from ..errors import RuntimeBusy, RuntimeClosed
-from ..options import OptionError
 from ..runtime.chat.tools import ENDED, AnswerRouter
 from .auth import cache_scope, tenant_of
-from .calls import DISCONNECTED, LogprobFormat, admit, merged, sse, start, task_of, watch_disconnect
+from .calls import DISCONNECTED, LogprobFormat, admit, merged, sse, start, step_error, task_of, watch_disconnect
 from .fields import COMPLETION_FIELDS, check_fields, read_body
-from .schema import ApiError, api_error, chat_messages, completion_params
+from .schema import ApiError, chat_messages, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
 
@@ -90,12 +89,9 @@ class Completions:
                 if kind == "error":
                     for h in handles:
                         h.cancel()
-                    if isinstance(value, OptionError):  # the request's own option failed at a step
-                        e = api_error(value)
-                        metrics.count(model, 400)
-                        return error(400, e.message, param=e.param)
-                    metrics.count(model, 500)
-                    return error(500, str(value), "server_error")
+                    e = step_error(value)  # 400: the call's own; 500: the engine's
+                    metrics.count(model, e.status)
+                    return error(e.status, e.message, e.type, e.param)
                 if kind == "done":
                     results[i] = value
         finally:
@@ -173,13 +169,9 @@ class Completions:
                 yield frame([delta(i, None, None, role=True) for i in range(len(handles))])
             async for i, what, value in merged(handles):
                 if what == "error":
-                    if isinstance(value, OptionError):  # the request's own option failed at a step
-                        e = api_error(value)
-                        metrics.count(model, 400)
-                        yield failure(e.message, "invalid_request_error", None, e.param)
-                        return
-                    metrics.count(model, 500)
-                    yield failure(str(value), "server_error", None)
+                    e = step_error(value)  # 400: the call's own; 500: the engine's
+                    metrics.count(model, e.status)
+                    yield failure(e.message, e.type, None, e.param)
                     return
                 router = routers[i]
                 if what == "text":

@@ -26,7 +26,7 @@ from fastapi import Request
 from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import OptionError
 from ..runtime.embedding import DEFAULT_POOLING
-from .calls import BASE_MODEL, DISCONNECTED, admit, disconnected
+from .calls import BASE_MODEL, DISCONNECTED, admit, disconnected, step_error
 from .fields import INT, STR, S, check_fields, read_body
 from .schema import ApiError
 
@@ -109,9 +109,10 @@ class Embeddings:
         except RuntimeClosed as e:
             metrics.count(model, 503)
             return error(503, str(e), "server_error", None, "unavailable", {"Retry-After": "5"})
-        except PrefixEdgeError as e:
-            metrics.count(model, 500)
-            return error(500, str(e), "server_error")
+        except PrefixEdgeError as e:  # 400: about the call itself; 500: the engine's (calls.step_error)
+            err = step_error(e)
+            metrics.count(model, err.status)
+            return error(err.status, err.message, err.type, err.param)
         finally:
             gone.cancel()
         metrics.count(model, 200)

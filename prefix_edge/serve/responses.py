@@ -29,10 +29,13 @@ from ..errors import PrefixEdgeError, RuntimeBusy, RuntimeClosed
 from ..options import CONSTRAINTS, OptionError
 from ..runtime.chat.tools import AnswerRouter
 from .auth import cache_scope, tenant_of
-from .calls import DISCONNECTED, LogprobFormat, admit, sse, start, task_of, watch_disconnect
+from .calls import DISCONNECTED, LogprobFormat, admit, sse, start, step_error, task_of, watch_disconnect
 from .fields import RESPONSE_FIELDS, check_fields, read_body
 from .schema import ApiError, completion_params, response_format
 from .store import MAX_STORED, StoredResponses
+
+# the runtime's (and chat's) names of a call's fields as a Responses request spells them
+NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 # accepted fields (fields.py: the JSON shape of each); those not read here change nothing
 FIELDS = set(RESPONSE_FIELDS)
@@ -173,8 +176,7 @@ class Responses:
             handle = start(self.rt, task, None, messages, opts, 1, "input")[0]
             return seen["model"], handle, body, messages, stream, store
         except ApiError as e:
-            e.param = {"messages": "input", "max_tokens": "max_output_tokens",
-                       "response_format": "text.format"}.get(e.param, e.param)
+            e.param = NAMES.get(e.param, e.param)
             e.model = seen["model"]
             raise
         except (RuntimeBusy, RuntimeClosed) as e:
@@ -249,9 +251,10 @@ class Responses:
         except OptionError as e:  # the request's own option (text.format) failed at a step
             metrics.count(model, 400)
             return error(400, str(e), param="text.format" if e.field in CONSTRAINTS else e.field)
-        except PrefixEdgeError as e:
-            metrics.count(model, 500)
-            return error(500, str(e), "server_error")
+        except PrefixEdgeError as e:  # 400: about the call itself; 500: the engine's (calls.step_error)
+            err = step_error(e, NAMES)
+            metrics.count(model, err.status)
+            return error(err.status, err.message, err.type, err.param)
         finally:
             watcher.cancel()
             state.live.discard(h)
@@ -360,9 +363,10 @@ class Responses:
             self._keep(rid, resp, messages, text, store, tenant=tenant)
             yield event("response.incomplete" if resp["status"] == "incomplete" else "response.completed",
                         response=resp)
-        except PrefixEdgeError as e:
-            self.metrics.count(model, 500)
-            yield event("error", code="server_error", param=None, message=str(e))
+        except PrefixEdgeError as e:  # 400: about the call itself; 500: the engine's (calls.step_error)
+            err = step_error(e, NAMES)
+            self.metrics.count(model, err.status)
+            yield event("error", code=err.type, param=err.param, message=err.message)
         finally:
             self.state.live.discard(h)
             if not h.done:

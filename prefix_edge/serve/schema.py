@@ -11,6 +11,7 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = "invalid_request_error" if status < 500 else "server_error"
 
 
 # the fields of chat/completions and completions (fields.py: the JSON shape of each; those not
