@@ -328,11 +328,15 @@ def test_path_parameters(server, method):
 
 def test_the_fuzz_covers_every_field():
     """Every field the server takes is in the matrix (a field added to the server and not
-    here fails this), and the server's two field lists agree."""
-    from prefix_edge.serve.fields import COMPLETION_FIELDS, RESPONSE_FIELDS
-    from prefix_edge.serve.schema import IGNORED
+    here fails this), and every generation option a request can name is a field of chat and
+    completions, shaped by its kind (fields.option_fields: one definition, options.py)."""
+    from prefix_edge.options import FIELDS
+    from prefix_edge.serve.fields import COMPLETION_FIELDS, OPTION_SHAPES, RESPONSE_FIELDS
 
-    assert set(COMPLETION_FIELDS) == IGNORED
+    named = {n for n, f in FIELDS.items() if f.kind not in ("schema", "pattern")}  # constraints: response_format
+    assert named <= set(COMPLETION_FIELDS)
+    assert all(COMPLETION_FIELDS[n] is OPTION_SHAPES[FIELDS[n].kind] for n in named)
+    assert all(RESPONSE_FIELDS[n] is OPTION_SHAPES[FIELDS[n].kind] for n in named & set(RESPONSE_FIELDS))
     top = {url: {p[0] for g in groups for p in g[1] if len(p) == 1} for url, groups in ENDPOINTS.items()}
     assert top["/v1/chat/completions"] | top["/v1/completions"] == set(COMPLETION_FIELDS) | {"bogus"}
     assert top["/v1/responses"] == set(RESPONSE_FIELDS) | {"bogus"}

@@ -256,23 +256,38 @@ RESPONSE_FORMAT = S("obj", {"type": STR, "json_schema": S("obj", {
 
 DOCUMENTS = S("list", items=S("obj", {"title": OPT_STR, "text": STR}))
 
-# POST /v1/chat/completions and /v1/completions (one table: a field of the other is refused
-# by what it means, schema.py)
+# A generation option's JSON shape, by its kind (options.Field.kind): a request field that is an
+# option of the same name is shaped from its one definition there. (The constraints, kinds
+# "schema" and "pattern", come as response_format / text.format, not as fields of their own.)
+OPTION_SHAPES = {"int": INT, "float": NUM, "bool": BOOL, "choice": STR, "stop": S("str|list", items=STR),
+                 "bias": OBJ}
+
+
+def option_fields(names=None) -> dict[str, Shape]:
+    """The request fields that are generation options of the same name (all that can be one:
+    names None), each shaped by its kind."""
+    from ..options import FIELDS
+
+    names = [n for n, f in FIELDS.items() if f.kind in OPTION_SHAPES] if names is None else names
+    return {n: OPTION_SHAPES[FIELDS[n].kind] for n in names}
+
+
+# POST /v1/chat/completions and /v1/completions: every generation option by its own name, then
+# OpenAI's fields (one table for both: a field of the other is refused by what it means,
+# schema.py). Its keys are the fields these endpoints accept (schema.completion_params).
 COMPLETION_FIELDS = {
+    **option_fields(),
     "model": STR, "messages": S("list", items=MESSAGE), "prompt": S("str|list", items=S("str|int|list", items=INT)),
     "stream": BOOL, "stream_options": S("obj", {"include_usage": S("bool|null"),
                                                 "include_obfuscation": S("bool|null")}),
     "user": STR, "n": INT, "metadata": METADATA, "store": BOOL, "parallel_tool_calls": BOOL,
     "service_tier": STR, "echo": BOOL, "logprobs": S("bool|int"), "top_logprobs": INT, "suffix": STR,
-    "best_of": INT, "max_tokens": INT, "max_completion_tokens": INT, "temperature": NUM, "top_p": NUM,
-    "seed": INT, "stop": S("str|list", items=STR), "presence_penalty": NUM, "frequency_penalty": NUM,
-    "logit_bias": OBJ, "top_k": INT, "min_p": NUM, "repetition_penalty": NUM,
+    "best_of": INT, "max_completion_tokens": INT,
     "response_format": RESPONSE_FORMAT, "tools": S("list", items=TOOL), "tool_choice": TOOL_CHOICE,
     "functions": S("list"), "function_call": S("str|obj"), "prompt_cache_key": STR,
     "safety_identifier": STR, "modalities": S("list", items=STR), "reasoning_effort": STR,
     "verbosity": STR, "web_search_options": OBJ, "prediction": OBJ, "audio": OBJ,
-    "documents": DOCUMENTS, "compose_documents": BOOL, "compose_recompute": INT,  # extensions
-    "speculative": STR}  # an extension: options.py
+    "documents": DOCUMENTS}
 
 # POST /v1/responses
 ITEM = S("obj", {"type": STR, "role": STR, "content": S("str|list", items=PART), "call_id": STR,
@@ -280,8 +295,10 @@ ITEM = S("obj", {"type": STR, "role": STR, "content": S("str|list", items=PART),
                  "id": OPT_STR, "status": OPT_STR})
 FORMAT = {"type": STR, "name": STR, "description": OPT_STR, "schema": S("obj|null"), "strict": S("bool|null")}
 RESPONSE_FIELDS = {
+    # the generation options Responses takes by their own names (max_tokens is max_output_tokens)
+    **option_fields(("temperature", "top_p", "seed", "speculative", "compose_documents", "compose_recompute")),
     "model": STR, "input": S("str|list", items=ITEM), "instructions": STR, "stream": BOOL,
-    "max_output_tokens": INT, "temperature": NUM, "top_p": NUM,
+    "max_output_tokens": INT,
     "tools": S("list", items=S("obj", {"type": STR, "name": STR, "description": OPT_STR,
                                         "parameters": S("obj|null"), "strict": S("bool|null")})),
     "tool_choice": S("str|obj", {"type": STR, "name": STR}), "parallel_tool_calls": BOOL,
@@ -290,6 +307,5 @@ RESPONSE_FIELDS = {
     "reasoning": S("obj", {"effort": OPT_STR, "summary": OPT_STR}), "include": S("list", items=STR),
     "top_logprobs": INT, "service_tier": STR, "prompt_cache_key": STR, "safety_identifier": STR,
     "stream_options": S("obj", {"include_obfuscation": S("bool|null")}), "background": BOOL,
-    "seed": INT, "max_tool_calls": INT, "prompt_cache_retention": STR,
-    "documents": DOCUMENTS, "compose_documents": BOOL,  # extensions (documents.py)
-    "compose_recompute": INT, "speculative": STR}
+    "max_tool_calls": INT, "prompt_cache_retention": STR,
+    "documents": DOCUMENTS}  # an extension (documents.py)

@@ -14,19 +14,6 @@ class ApiError(Exception):
         self.type = "invalid_request_error" if status < 500 else "server_error"
 
 
-# the fields of chat/completions and completions (fields.py: the JSON shape of each; those not
-# read here are accepted and ignored: they do not change the answer)
-IGNORED = {"model", "messages", "prompt", "stream", "stream_options", "user", "n", "metadata",
-           "store", "parallel_tool_calls", "service_tier", "echo", "logprobs", "top_logprobs",
-           "suffix", "best_of", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-           "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
-           "top_k", "min_p", "repetition_penalty", "response_format", "tools", "tool_choice",
-           "functions", "function_call", "prompt_cache_key", "safety_identifier", "modalities",
-           "reasoning_effort", "verbosity", "web_search_options", "prediction", "audio",
-           "documents", "compose_documents", "compose_recompute",  # the runtime checks them
-           "speculative"}
-
-
 def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     v = body.get(key)
     if v is None:
@@ -37,8 +24,11 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
 
 
 def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bool, bool, int]:
-    """(runtime options, stream, include_usage, n)."""
-    unknown = sorted(set(body) - IGNORED)
+    """(runtime options, stream, include_usage, n). The fields these endpoints accept are
+    fields.COMPLETION_FIELDS' keys (those not read here do not change the answer)."""
+    from .fields import COMPLETION_FIELDS  # (fields.py reads ApiError from here)
+
+    unknown = sorted(set(body) - set(COMPLETION_FIELDS))
     if unknown:
         raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
     n = _int(body, "n", 1, 128) or 1
