@@ -22,7 +22,7 @@ from ..errors import RuntimeBusy, RuntimeClosed
 from ..runtime.chat.tools import ENDED, AnswerRouter
 from .auth import cache_scope, tenant_of
 from .calls import DISCONNECTED, LogprobFormat, admit, merged, sse, start, step_error, task_of, watch_disconnect
-from .fields import COMPLETION_FIELDS, check_fields, read_body
+from .fields import COMPLETION_FIELDS, check_fields, read_body, refuse_unknown
 from .schema import ApiError, chat_messages, completion_params
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
@@ -59,6 +59,7 @@ class Completions:
             task = task_of(body, self.tasks, seen, self.state.aliases)
             prompts = None if chat else prompts_of(body)
             messages = chat_messages(body) if chat else None
+            refuse_unknown(body, COMPLETION_FIELDS)
             opts, stream, include_usage, n = completion_params(body, chat)
             scope = cache_scope(tenant, body.get("prompt_cache_key"))
             if scope is not None:

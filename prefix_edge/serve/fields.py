@@ -207,6 +207,13 @@ def check_shape(value, shape: Shape, path: str, param: str) -> None:
         shape.check(value, path, param)
 
 
+def refuse_unknown(body: dict, table: dict[str, Shape]) -> None:
+    """A field the endpoint's table does not have is a 400 naming it."""
+    unknown = sorted(set(body) - set(table))
+    if unknown:
+        raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+
+
 def check_fields(body: dict, table: dict[str, Shape]) -> None:
     """The body's known fields checked against their shapes (null: not given)."""
     for key, value in body.items():

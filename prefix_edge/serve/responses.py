@@ -30,15 +30,12 @@ from ..options import CONSTRAINTS, OptionError
 from ..runtime.chat.tools import AnswerRouter
 from .auth import cache_scope, tenant_of
 from .calls import DISCONNECTED, LogprobFormat, admit, sse, start, step_error, task_of, watch_disconnect
-from .fields import RESPONSE_FIELDS, check_fields, read_body
+from .fields import RESPONSE_FIELDS, check_fields, read_body, refuse_unknown
 from .schema import ApiError, completion_params, response_format
 from .store import MAX_STORED, StoredResponses
 
 # the runtime's (and chat's) names of a call's fields as a Responses request spells them
 NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
-
-# accepted fields (fields.py: the JSON shape of each); those not read here change nothing
-FIELDS = set(RESPONSE_FIELDS)
 
 
 def _copy(value):
@@ -138,9 +135,7 @@ class Responses:
         seen = {"model": ""}
         try:
             body = read_body(raw)
-            unknown = sorted(set(body) - FIELDS)
-            if unknown:
-                raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+            refuse_unknown(body, RESPONSE_FIELDS)
             check_fields(body, RESPONSE_FIELDS)
             task = task_of(body, self.tasks, seen, self.state.aliases)
             tools = _tools(body)

@@ -24,13 +24,8 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
 
 
 def completion_params(body: dict, chat: bool = True) -> tuple[dict[str, Any], bool, bool, int]:
-    """(runtime options, stream, include_usage, n). The fields these endpoints accept are
-    fields.COMPLETION_FIELDS' keys (those not read here do not change the answer)."""
-    from .fields import COMPLETION_FIELDS  # (fields.py reads ApiError from here)
-
-    unknown = sorted(set(body) - set(COMPLETION_FIELDS))
-    if unknown:
-        raise ApiError(400, f"unsupported field `{unknown[0]}`", unknown[0])
+    """(runtime options, stream, include_usage, n) of a body whose fields are known
+    (fields.refuse_unknown: COMPLETION_FIELDS' keys; those not read here do not change the answer)."""
     n = _int(body, "n", 1, 128) or 1
     for key in ("audio", "prediction", "web_search_options"):
         if body.get(key) is not None:
