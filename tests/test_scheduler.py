@@ -42,9 +42,10 @@ def alone(ids, **kw) -> tuple[list[int], str]:
 PROMPTS = [list(range(1 + i, 12 + 3 * i)) for i in range(6)]
 
 
-def test_requests_together_equal_each_alone():
+def together_equal_each_alone(engine: FakeEngine | None = None) -> FakeEngine:
+    """Every prompt submitted at once gives its lone run's tokens and end; the engine after."""
     refs = [alone(p, max_tokens=8) for p in PROMPTS]
-    s, engine = scheduler(prefill_chunk=4)
+    s, engine = scheduler(engine, prefill_chunk=4)
     try:
         rs = [request(p, max_tokens=8) for p in PROMPTS]
         for r in rs:
@@ -53,6 +54,11 @@ def test_requests_together_equal_each_alone():
             assert outcome(r)[0] == reason and r.tokens == tokens
     finally:
         s.close()
+    return engine
+
+
+def test_requests_together_equal_each_alone():
+    engine = together_equal_each_alone()
     assert engine.seqs == {}  # every sequence freed
     # decode steps batch every decoding request into one forward
     assert max(sum(1 for _, _, n in f if n == 1) for f in engine.log) >= 2
@@ -62,16 +68,7 @@ def test_an_engine_that_batches_otherwise_decodes_each_sequence_alone():
     """An engine whose token beside another sequence's gets other logits (batches_sequences
     False, as llama.cpp's Gemma 3n): requests together still give each one's lone tokens, every
     forward holding one sequence; the fake's batched logits differ, so batching would show."""
-    refs = [alone(p, max_tokens=8) for p in PROMPTS]
-    s, engine = scheduler(FakeEngine(batches_sequences=False), prefill_chunk=4)
-    try:
-        rs = [request(p, max_tokens=8) for p in PROMPTS]
-        for r in rs:
-            s.submit(r)
-        for r, (tokens, reason) in zip(rs, refs):
-            assert outcome(r)[0] == reason and r.tokens == tokens
-    finally:
-        s.close()
+    engine = together_equal_each_alone(FakeEngine(batches_sequences=False))
     assert max(len(f) for f in engine.log) == 1
     batched = FakeEngine(batches_sequences=False)
     batched.seq_restore(0, None), batched.seq_restore(1, None)

@@ -96,9 +96,7 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
                 _begin_virtual(be, adapter, manifest.model, soft)
                 meta["n_virtual"] = str(adapter.n_virtual)
             if ids:  # in the runtime's chunks, as its uncached prefill reads a prefix (protocol.PREFILL_CHUNK)
-                arr = np.array(ids, np.int64)
-                for start in range(0, arr.size, PREFILL_CHUNK):
-                    logits = be.prefill(arr[start:start + PREFILL_CHUNK])
+                logits = be.prefill(np.array(ids, np.int64), chunk=PREFILL_CHUNK)
                 if not np.all(np.isfinite(logits)):  # its KV then holds them too: never baked
                     raise PrefixEdgeError(f"task '{name}': the {be.name} model computes NaN or infinite values "
                                           "on this prefix (a token whose embedding it cannot normalise?)")

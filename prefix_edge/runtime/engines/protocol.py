@@ -249,13 +249,14 @@ class OneSequence:
         self.pos = 0
         self.pos = self.seq_restore(self.single_seq, prefix)
 
-    def prefill(self, ids: np.ndarray) -> np.ndarray:
-        """Append tokens at the current position (in chunks the engine takes); the last logits."""
+    def prefill(self, ids: np.ndarray, chunk: int | None = None) -> np.ndarray:
+        """Append tokens at the current position, in chunks of `chunk` tokens (None: as many as
+        the engine takes at once; never more); the last logits."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise PrefixEdgeError("prefill needs at least one token")
         seq = self.single_seq
-        chunk = self.n_batch or ids.size
+        chunk = min(x for x in (chunk, self.n_batch, ids.size) if x)
         logits = None
         for start in range(0, ids.size, chunk):
             part = ids[start:start + chunk]

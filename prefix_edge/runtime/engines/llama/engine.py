@@ -29,7 +29,7 @@ import numpy as np
 from ....errors import PrefixEdgeError
 from ..cpu_share import cpu_share, lower_this_thread
 from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
-from .context import ContextSpec, grow, make_context
+from .context import ContextSpec, batches_alike, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
 from .prefix_files import BACKEND, PrefixFiles
@@ -144,7 +144,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self.pos = 0
         if self.n_swa or hybrid or self.n_kv_heads == 0:  # the layout is read off a state of its own
             self.read_state_layout(hybrid)
-        self.batches_sequences = self._batches_alike()
+        self.batches_sequences = batches_alike(self)
         t = KV_TYPES[kv_type]
         kv_layers = self.n_layers if self.kv_layers is None else self.kv_layers + self.swa_n_layer
         self.bytes_per_cell = kv_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
@@ -386,25 +386,6 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self._live()
         if not self.verifies or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
             raise PrefixEdgeError(f"cannot cut sequence {seq} back to {pos} here")
-
-    def _batches_alike(self) -> bool:
-        """Whether a sequence's token forwarded beside another sequence's gets the logits it
-        gets alone (protocol.Engine.batches_sequences): two one-token forwards on sequences 0
-        and 1, together and apart, compared bit for bit (a few milliseconds at open). Not so
-        on the tiny seeded Gemma 3 and Gemma 3n (1.8e-5 and 4.6e-4 apart); so on the real Gemma
-        3 270M Q4_K_M."""
-        if self.n_seq_max < 2:
-            return True
-        L = self._L
-        ids = np.array([1], np.int64), np.array([2], np.int64)
-        try:
-            alone = self.forward([(0, 0, ids[0])])[0].copy()
-            L.llama_memory_seq_rm(self.mem, 0, -1, -1)
-            together = self.forward([(0, 0, ids[0]), (1, 0, ids[1])])[0]
-            return bool(np.array_equal(alone, together))
-        finally:
-            for s in (0, 1):
-                L.llama_memory_seq_rm(self.mem, s, -1, -1)
 
     @property
     def verifies(self) -> bool:
