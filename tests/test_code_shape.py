@@ -165,9 +165,8 @@ def test_test_modules_share_helpers_not_each_other():
 # runtime/'s own rooms, lowest first: each imports only rooms before it (the engines below the
 # caches, the caches below decoding, decoding below the scheduler, the scheduler below the
 # call's preparation and the Runtime); a module or package new in runtime/ must be placed here
-RUNTIME_ROOMS = ["engines", "cache", "decode", "request", "residents",
-                 "drafting", "stream", "documents", "chat", "embedding", "scheduler",
-                 "prepare", "runtime", "__init__"]
+RUNTIME_ROOMS = ["engines", "cache", "decode", "scheduler", "stream", "documents", "chat",
+                 "embedding", "prepare", "runtime", "__init__"]
 
 
 def test_runtime_rooms_follow_their_order():

@@ -15,7 +15,7 @@ import pytest
 
 from prefix_edge.errors import PrefixEdgeError, RuntimeBusy
 from prefix_edge.runtime.engines.prefix import Prefix
-from prefix_edge.runtime.request import Request
+from prefix_edge.runtime.scheduler import Request
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.scheduling import TOK, outcome, request, scheduler
 
@@ -142,7 +142,7 @@ def test_cancel_in_every_phase_frees_it_and_leaves_the_others_alone(phase):
         if phase == "waiting":
             assert victim.seq == -1
         elif phase == "prefill":
-            assert victim.seq >= 0 and 0 < victim.fed < len(victim.ids)
+            assert victim.seq >= 0 and 0 < victim.fed < len(victim.call.ids)
         else:
             assert victim.n_samples > 0
         s.cancel(victim)
@@ -185,8 +185,8 @@ def test_a_prefix_restored_gives_what_its_prefill_gave():
         s.submit(r)
         outcome(r)
         assert r.tokens == tokens
-        keep = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre + [7, 7]), pre + [7, 7], {}, 96))
-        keep.prefix_keep = len(pre)  # the first positions of a longer state
+        keep = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre + [7, 7]), pre + [7, 7], {}, 96),
+                       prefix_keep=len(pre))  # the first positions of a longer state
         s.submit(keep)
         outcome(keep)
         assert keep.tokens == tokens
@@ -199,7 +199,7 @@ def test_prompt_read_callback_sees_the_whole_prompt_once():
     s, engine = scheduler(prefill_chunk=3)
     try:
         r = request(PROMPTS[2], max_tokens=4)
-        r.snapshot = lambda backend, req: seen.append(backend.seq_snapshot(req.seq, req.ids).kv)
+        r.snapshot = lambda backend, req: seen.append(backend.seq_snapshot(req.seq, req.call.ids).kv)
         s.submit(r)
         outcome(r)
     finally:

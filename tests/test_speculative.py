@@ -1,4 +1,4 @@
-"""speculative="lookup" (runtime/drafting.py): drafts of forced tokens and prompt-lookup spans,
+"""speculative="lookup" (runtime/scheduler/drafting.py): drafts of forced tokens and prompt-lookup spans,
 verified in one forward. The reference of every answer is the same request with "off".
 
 Unit tier: the scheduler on the fake engine, and a fake whose next token continues a count (so
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from prefix_edge.options import OptionError, resolve
-from prefix_edge.runtime.drafting import Drafter, lookup
+from prefix_edge.runtime.scheduler.drafting import Drafter, lookup
 from tests.helpers.fake_engine import FakeEngine
 from tests.helpers.scheduling import outcome, request, scheduler
 
@@ -46,8 +46,7 @@ PROMPTS = [list(range(1, 30)) + list(range(3, 8)), list(range(10, 40)) * 2 + [12
 def run(engine_cls, ids, speculative="off", **kw):
     s, e = scheduler(engine_cls())
     try:
-        r = request(ids, **kw)
-        r.speculative = speculative
+        r = request(ids, speculative=speculative, **kw)
         s.submit(r)
         reason, text = outcome(r)
         return list(r.tokens), reason, text, dict(s.stats), len(e.log), r
@@ -76,7 +75,7 @@ def test_lookups_pause_after_misses_and_resume_after_a_hit():
     """A lookup of which nothing is kept pauses lookups for 1, 2, 4 ... PAUSE_MAX steps (the
     paused steps draft nothing), as do lookups kept less than half the time; lookups kept whole
     again start the pauses from 1."""
-    from prefix_edge.runtime.drafting import PAUSE_MAX
+    from prefix_edge.runtime.scheduler.drafting import PAUSE_MAX
 
     d = Drafter(np.array([1, 2, 3, 4, 5, 6], np.int64))
     answer = [2, 3]  # "2 3" is in the prompt: a lookup finds what followed it there
@@ -106,7 +105,7 @@ def test_row_cost_is_measured_from_decode_forwards():
     """RowCost: a row's cost as a share of a one-token step, the slope of the decode forwards'
     times over their token counts; the prior until both one-token and longer forwards are seen;
     a forward past MAX_TIMED tokens is not timed."""
-    from prefix_edge.runtime.drafting import MAX_TIMED, ROW_PRIOR, RowCost
+    from prefix_edge.runtime.scheduler.drafting import MAX_TIMED, ROW_PRIOR, RowCost
 
     c = RowCost()
     assert c.share() == ROW_PRIOR
@@ -121,8 +120,7 @@ def test_row_cost_is_measured_from_decode_forwards():
     assert c.t[3] == pytest.approx(0.022)
     s, e = scheduler(Counting())  # the scheduler times its decode forwards into it
     try:
-        r = request(PROMPTS[0], max_tokens=24)
-        r.speculative = "lookup"
+        r = request(PROMPTS[0], max_tokens=24, speculative="lookup")
         s.submit(r)
         outcome(r)
         assert 1 in s.drafting.cost.t and max(s.drafting.cost.t) > 1
@@ -171,8 +169,7 @@ def test_lookup_equals_off_on_the_fake(ids, kw):
     for spec in ("off", "lookup"):
         s, e = scheduler(Counting())
         try:
-            r = request(ids, **kw)
-            r.speculative, r.logprobs = spec, logprobs
+            r = request(ids, speculative=spec, logprobs=logprobs, **kw)
             s.submit(r)
             out[spec] = (outcome(r), list(r.tokens), r.token_logprobs, len(e.log), dict(s.stats))
         finally:
@@ -206,8 +203,7 @@ def test_requests_together_mixing_off_and_lookup():
     try:
         rs = []
         for i, p in enumerate(PROMPTS * 2):
-            r = request(p, max_tokens=20)
-            r.speculative = "lookup" if i % 2 else "off"
+            r = request(p, max_tokens=20, speculative="lookup" if i % 2 else "off")
             rs.append(r)
         threads = [threading.Thread(target=s.submit, args=(r,)) for r in rs]
         for t in threads:
@@ -225,15 +221,13 @@ def test_requests_together_mixing_off_and_lookup():
 def test_cancel_mid_stream_frees_the_sequence():
     s, e = scheduler(Counting())
     try:
-        r = request(PROMPTS[1], max_tokens=200)
-        r.speculative = "lookup"
+        r = request(PROMPTS[1], max_tokens=200, speculative="lookup")
         s.submit(r)
         kind, _ = r.events.get(timeout=20)
         assert kind == "text"
         s.cancel(r)
         assert outcome(r)[0] in ("cancelled", "length")
-        after = request(PROMPTS[0], max_tokens=12)
-        after.speculative = "lookup"
+        after = request(PROMPTS[0], max_tokens=12, speculative="lookup")
         s.submit(after)
         outcome(after)
     finally:

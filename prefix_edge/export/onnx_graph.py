@@ -328,7 +328,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         hn = node("SkipSimplifiedLayerNormalization", [pending, residual, final], [HIDDEN_STATES],
                   "/model/norm", domain="com.microsoft", epsilon=eps)
     # the last LOGITS_TAIL positions (a decode step has one; a draft's verification up to
-    # that many, runtime/drafting.py): a few more lm_head rows per prefill chunk
+    # that many, runtime/scheduler/drafting.py): a few more lm_head rows per prefill chunk
     last = node("Slice", [hn, init("last_start", np.array([-LOGITS_TAIL], np.int64)),
                           init("last_end", np.array([np.iinfo(np.int64).max], np.int64)),
                           init("last_axis", np.array([1], np.int64))], ["/model/last"], "/model/Slice_last")

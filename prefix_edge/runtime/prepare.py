@@ -17,7 +17,7 @@ from ..options import DEFAULTS, OptionError, check_text, resolve
 from ..tasks import fill_template
 from .chat.render import ChatRenderer, check_messages
 from .decode.sampling import Sampler
-from .request import Request
+from .scheduler import Call, Request
 from .stream import Result, Stats
 from .decode.constraint import Grammars
 from .documents.block import check_documents, module, with_documents
@@ -70,7 +70,7 @@ class Requests:
         self.prefixes, self.prompts = prefixes, prompts  # cache.prefixes / cache.prompts
         self._prefix_lock = prefix_lock                 # guards `prefixes`, shared with the Runtime
         self._closed = closed                           # () -> bool: the Runtime is closed
-        self.eos = set(self.manifest.model.eos_token_ids)
+        self.eos = frozenset(self.manifest.model.eos_token_ids)
         # cells a request that sets no max_tokens (nor its task) may generate into, with its
         # input: None, to the context; llama.cpp's shared_kv: a slot's share of the one cache
         self.open_cells: int | None = None
@@ -347,15 +347,14 @@ class Requests:
             # the last message too (the same documents or system prompt with a new question);
             # ids and full end together
             midpoint = (len(ids) - (len(full) - c), self._keeper(root, full[:c], full_cuts[:-1], n_virtual))
-        return Request(task, key, prefix, ids, max_tokens, self._sampler(opts, constrain, tools),
-                       TextStream(self.tokenizer, list(opts["stop"])), self.eos, load_ms=load_ms,
-                       prefix_cached=use_cache, t0=t0, cuts=cuts, snapshot=snapshot, prefix_keep=keep,
-                       logprobs=logprobs, turn_hit=turn_hit, tools=tools,
-                       turn=(root, full, full_cuts) if messages is not None and compose is None else None,
-                       speculative=opts["speculative"], compose=compose, midpoint=midpoint,
-                       background=read_ahead,
-                       follow=(task, messages, scope) if messages is not None and compose is None and not read_ahead
-                       and tools is None and use_prompts and not docs else None)
+        call = Call(task, key, prefix, ids, max_tokens, self.eos, prefix_cached=use_cache, load_ms=load_ms,
+                    t0=t0, cuts=cuts, prefix_keep=keep, turn_hit=turn_hit, logprobs=logprobs, tools=tools,
+                    turn=(root, full, full_cuts) if messages is not None and compose is None else None,
+                    speculative=opts["speculative"], background=read_ahead,
+                    follow=(task, messages, scope) if messages is not None and compose is None and not read_ahead
+                    and tools is None and use_prompts and not docs else None)
+        return Request(call, self._sampler(opts, constrain, tools), TextStream(self.tokenizer, list(opts["stop"])),
+                       snapshot=snapshot, midpoint=midpoint, compose=compose)
 
     def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool, scope: str = ""):
         """(Composition, the tail ids) of a composed request, or None where its documents cannot
@@ -430,42 +429,43 @@ class Requests:
         prompts = self.prompts
 
         def keep(backend, r: Request) -> None:
-            text_ids = full if r.prefix is None else np.concatenate(
-                [r.prefix.ids[:max(0, r.pos - len(full) - n_virtual)], full])
+            text_ids = full if r.call.prefix is None else np.concatenate(
+                [r.call.prefix.ids[:max(0, r.pos - len(full) - n_virtual)], full])
             prompts.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
         return keep
 
     def sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""
-        opts = self._tool_options(req.task, overrides, req.tools)
+        c = req.call
+        opts = self._tool_options(c.task, overrides, c.tools)
         if opts["seed"] is not None:
             opts["seed"] = (opts["seed"] + i) % 2**63
-        return Request(req.task, None, None, req.ids, req.max_tokens,
-                       self._sampler(opts, req.sampler.constraint is not None, req.tools),
-                       TextStream(self.tokenizer, list(opts["stop"])), self.eos,
-                       prefix_cached=req.prefix_cached, t0=req.t0, parent=req,
-                       logprobs=req.logprobs, turn_hit=req.turn_hit, tools=req.tools,
-                       speculative=req.speculative)
+        call = Call(c.task, None, None, c.ids, c.max_tokens, c.eos, prefix_cached=c.prefix_cached,
+                    load_ms=c.load_ms, t0=c.t0, turn_hit=c.turn_hit, logprobs=c.logprobs, tools=c.tools,
+                    speculative=c.speculative)
+        return Request(call, self._sampler(opts, req.sampler.constraint is not None, c.tools),
+                       TextStream(self.tokenizer, list(opts["stop"])), parent=req)
 
     def result(self, r: Request, finish: str) -> Result:
         end = time.perf_counter()
         n_dec = r.n_samples - 1  # decode steps between the first and the last sampled token
         dec_s = (r.t_last - r.t_first) if r.t_first is not None else 0.0
-        P = self.manifest.tasks[r.task].positions(r.prefix_cached) if r.task is not None else 0
+        call = r.call
+        P = self.manifest.tasks[call.task].positions(call.prefix_cached) if call.task is not None else 0
         c = r.compose if r.compose is not None else (r.parent.compose if r.parent is not None else None)
-        n_input = r.turn_hit + len(r.ids) + (c.n_tokens if c is not None else 0) - (0 if r.prefix_cached else P)
-        cached_from = {"task_prefix": P if r.prefix_cached else 0, "prompt_cache": r.turn_hit,
+        n_input = call.turn_hit + len(call.ids) + (c.n_tokens if c is not None else 0) - (0 if call.prefix_cached else P)
+        cached_from = {"task_prefix": P if call.prefix_cached else 0, "prompt_cache": call.turn_hit,
                        "documents": c.reused if c is not None else 0}
         stats = Stats(
             prefix_tokens=P, input_tokens=n_input,
-            prefix_load_ms=round(r.load_ms, 3) if r.prefix_cached else 0.0,
-            ttft_ms=round(((r.t_first or end) - r.t0) * 1e3, 3),
+            prefix_load_ms=round(r.load_ms, 3) if call.prefix_cached else 0.0,
+            ttft_ms=round(((r.t_first or end) - call.t0) * 1e3, 3),
             decode_tok_s=round(n_dec / dec_s, 2) if n_dec > 0 and dec_s > 0 else 0.0,
-            total_ms=round((end - r.t0) * 1e3, 3), generated_tokens=len(r.tokens),
-            prefix_cached=r.prefix_cached, finish_reason=finish,
+            total_ms=round((end - call.t0) * 1e3, 3), generated_tokens=len(r.tokens),
+            prefix_cached=call.prefix_cached, finish_reason=finish,
             cached_tokens=sum(cached_from.values()), cached_from=cached_from,
             drafted_tokens=r.drafter.drafted if r.drafter is not None else 0,
             accepted_tokens=r.drafter.accepted if r.drafter is not None else 0)
         text = "".join(r.chunks)
-        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, r.tools, finish in ENDED))
+        return Result(text, list(r.tokens), stats, list(r.token_logprobs), read_call(text, call.tools, finish in ENDED))
 

@@ -1,7 +1,7 @@
 """Runtime: open a bundle, look up a task, load its prefix, decode the user's input onward.
 
 Every generate/stream/astream call is a request with its own sequence, run by the runtime's
-engine thread (scheduler.py) together with every other request in flight, from any thread.
+engine thread (scheduler/loop.py) together with every other request in flight, from any thread.
 Options, templates, tokenization and prefix loading happen here in the caller's thread (so a
 bad request fails at the call); sampling, stop strings and streaming run in the scheduler.
 """
@@ -140,7 +140,8 @@ class Runtime:
              turn_cache_bytes: int | None = None, prompt_cache_disk_bytes: int = 0,
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
              document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
-             priority: str = "normal", read_ahead: bool = True, window_cache: str = "full") -> "Runtime":
+             priority: str = "normal", read_ahead: bool = True, window_cache: str = "full",
+             engine: type | None = None) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -176,7 +177,10 @@ class Runtime:
         baked prefix give the prefill's logits bit for bit; "window" keeps a ring of the window
         and one batch (llama.cpp's own default: less memory on long contexts, e.g. 45 MB less
         per slot at 4,096 tokens on Gemma 3 270M), where a restored state's attention sums run
-        in other lanes than a prefill's and answers may differ at near ties (docs/models.md)."""
+        in other lanes than a prefill's and answers may differ at near ties (docs/models.md).
+        engine: the Engine class (runtime/engines/protocol.py) that opens the bundle's `backend`
+        files in place of the registry's (runtime/engines/__init__.py): an engine of one's own,
+        or the test tier's fake."""
         from tokenizers import Tokenizer
 
         bundle = Bundle.open(path)
@@ -211,7 +215,7 @@ class Runtime:
                            verify=verify, longest_prefix=longest, priority=priority, window_cache=window_cache)
         # the tokenizer loads while the engine's model does (overlap.py)
         with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
-            opened = engine_class(backend).from_bundle(bundle, hashes, cfg)
+            opened = (engine or engine_class(backend)).from_bundle(bundle, hashes, cfg)
         be = opened.engine
         state = bundle.backend(backend).state
         if be.state_info() != state:

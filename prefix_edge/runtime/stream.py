@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from .request import Request
+    from .scheduler import Request
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Stream:
     def max_tokens(self) -> int:
         """The tokens this request may generate at most: its max_tokens, else its task's, else
         what the context leaves (what a "length" finish means)."""
-        return self._req.max_tokens
+        return self._req.call.max_tokens
 
     def __iter__(self) -> "Stream":
         return self
@@ -167,19 +167,19 @@ class AsyncStream:
 
     @property
     def tools_offered(self) -> bool:
-        t = self._s._req.tools
+        t = self._s._req.call.tools
         return t is not None and t.choice != "none"
 
     @property
     def tools_guided(self) -> bool:
         """The answer is constrained to text-or-call or to a call (tools.guide): a call is
         streamed as it is written."""
-        t = self._s._req.tools
+        t = self._s._req.call.tools
         return t is not None and t.guided
 
     @property
     def logprobs_on(self) -> bool:
-        return self._s._req.logprobs is not None
+        return self._s._req.call.logprobs is not None
 
     def __aiter__(self) -> "AsyncStream":
         return self

@@ -30,12 +30,17 @@ from prefix_edge.runtime.engines.prefix import Prefix
 N_VOCAB = 64
 EOS = 0
 STATE = "fake_state"  # a prefix file's tensor: the ids at its positions (virtual ones too)
+SLOT = "onnx"  # the bundle backend whose files a fake opened from a bundle stands in for (fake_bundle.py)
 
 
-def tokenizer(n_vocab: int = N_VOCAB) -> Tokenizer:
-    """Token i decodes to 'w{i} ' (token 0, the end of sequence, to nothing)."""
+def tokenizer(n_vocab: int = N_VOCAB, unknown: str | None = None) -> Tokenizer:
+    """Token i decodes to 'w{i} ' (token 0, the end of sequence, to nothing). A word not in the
+    vocabulary reads as the end of sequence, or with `unknown` as the last token, which then
+    spells `unknown` (a bundle's tokenizer: prose around the words stays ordinary text)."""
     vocab = {"<eos>": 0, **{f"w{i}": i for i in range(1, n_vocab)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    if unknown is not None:
+        vocab = {k: v for k, v in vocab.items() if v != n_vocab - 1} | {unknown: n_vocab - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unknown or "<eos>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.add_special_tokens(["<eos>"])
@@ -54,15 +59,20 @@ class FakeEngine(OneSequence):
 
     @classmethod
     def from_bundle(cls, bundle, model_hashes: dict[str, str], cfg) -> Opened:
-        """A fake engine sized as `cfg` asks (no model file is read): a sequence per slot."""
+        """A fake engine sized as `cfg` asks (no model file is read): a sequence per slot, and
+        with `shared_kv` as many more for resident task prefixes (no cells counted, as ONNX)."""
         n_ctx = min(bundle.manifest.model.n_ctx, cfg.n_ctx or bundle.manifest.model.n_ctx)
         fit_prefix(cfg.longest_prefix, n_ctx)
-        engine = cls(n_ctx=n_ctx, n_batch=max(256, cfg.prefill_chunk))
-        return Opened(engine, n_ctx, None, False, request_seqs=tuple(range(cfg.slots)))
+        engine = cls(n_ctx=n_ctx, n_batch=max(256, cfg.prefill_chunk), name=SLOT)
+        residents = tuple(range(cfg.slots, 2 * cfg.slots)) if cfg.shared_kv else ()
+        return Opened(engine, n_ctx, None, cfg.shared_kv, request_seqs=tuple(range(cfg.slots)),
+                      resident_seqs=residents)
 
     def __init__(self, n_vocab: int = N_VOCAB, n_ctx: int = 512, n_batch: int = 256,
-                 keeps_partial: bool = True, eos_bias: float = 0.0, batches_sequences: bool = True):
+                 keeps_partial: bool = True, eos_bias: float = 0.0, batches_sequences: bool = True,
+                 name: str = "fake"):
         self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
+        self.name = name  # the backend it answers as: "fake", or in a bundle its SLOT
         # False: a token forwarded beside another sequence's gets other logits (as llama.cpp's
         # Gemma 3n): the fake then moves every logit of such a forward by its item count
         self.batches_sequences = batches_sequences

@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from prefix_edge.runtime.engines.prefix import Prefix
-from prefix_edge.runtime.request import Request
+from prefix_edge.runtime.scheduler import Call, Request, Scheduler
 from prefix_edge.runtime.decode.sampling import Sampler
-from prefix_edge.runtime.scheduler import Scheduler
 from prefix_edge.runtime.decode.text import TextStream
 
 from .fake_engine import EOS, FakeEngine, tokenizer
@@ -18,11 +17,16 @@ TOK = tokenizer()
 SLOTS = 4
 
 
+CALL_FIELDS = ("speculative", "logprobs", "prefix_keep", "background")
+
+
 def request(ids, max_tokens: int = 6, prefix: Prefix | None = None, key: str | None = None,
             cuts=(), stops=(), **kw) -> Request:
-    sampler = Sampler(**kw)
-    return Request("t", key, prefix, np.asarray(ids, np.int64), max_tokens, sampler,
-                   TextStream(TOK, list(stops)), {EOS}, cuts=tuple(cuts))
+    """A request of `ids` (after `prefix`, resident under `key`); kw: the Call's own fields
+    (CALL_FIELDS), the rest the Sampler's."""
+    call = {k: kw.pop(k) for k in CALL_FIELDS if k in kw}
+    return Request(Call("t", key, prefix, np.asarray(ids, np.int64), max_tokens, frozenset({EOS}),
+                        cuts=tuple(cuts), **call), Sampler(**kw), TextStream(TOK, list(stops)))
 
 
 def scheduler(engine: FakeEngine | None = None, slots: int = SLOTS, **kw) -> tuple[Scheduler, FakeEngine]:

@@ -78,7 +78,7 @@ class Conversation:
         msgs = self.messages + [{"role": "user", "content": text}]
         s = self.rt.stream(self.task, messages=msgs, **{**self.defaults, **overrides})
         self._busy = True
-        self._last = s._req.turn  # the key its KV is kept under (rendered once, by the request)
+        self._last = s._req.call.turn  # the key its KV is kept under (rendered once, by the request)
 
         def ended(result) -> None:
             self._busy = False

@@ -45,10 +45,10 @@ class ReadAhead:
 
     def after(self, req, result, reason: str) -> None:
         """A call has ended (its consumer's thread): queue its reply to be read ahead."""
-        if not self.enabled or req.follow is None or reason not in ENDS or not result.text \
+        if not self.enabled or req.call.follow is None or reason not in ENDS or not result.text \
                 or result.tool_calls or req.siblings or req.parent is not None:
             return
-        task, messages, scope = req.follow
+        task, messages, scope = req.call.follow
         job = (task, list(messages) + [{"role": "assistant", "content": result.text}, PLACEHOLDER], scope)
         with self._lock:
             if self._closed:

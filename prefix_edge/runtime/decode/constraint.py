@@ -288,7 +288,7 @@ class Constraint:
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the constraint forces next (llguidance's fast-forward), a
-        draft for speculative decoding (drafting.py); none where it cannot say."""
+        draft for speculative decoding (scheduler/drafting.py); none where it cannot say."""
         try:
             return [int(t) for t in self._m.compute_ff_tokens()[:limit]]
         except Exception:  # a draft is a hint: never an error

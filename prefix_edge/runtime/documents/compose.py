@@ -79,7 +79,7 @@ class Composition:
 
     def advance(self, be, r) -> int:
         """Run the next unit on r's sequence (a forward, or a splice); the tokens it forwarded.
-        `done` once the documents are in place (the scheduler then prefills r.ids)."""
+        `done` once the documents are in place (the scheduler then prefills r.call.ids)."""
         if self._run is None:
             self._run = self._steps(be, r)
         for n in self._run:
@@ -102,7 +102,7 @@ class Composition:
             self.cache.put(self.key, Composed(be.seq_snapshot(r.seq, np.zeros(r.pos, np.int64)), self.end))
 
     def _steps(self, be, r):
-        room = r.pos + self.n_tokens + len(r.ids) + 64
+        room = r.pos + self.n_tokens + len(r.call.ids) + 64
         got = self.cache.get(self.key)
         if isinstance(got, Composed):  # the same documents in the same order: as composed before
             self.reused = got.n - r.pos

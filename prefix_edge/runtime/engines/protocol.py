@@ -1,6 +1,6 @@
 """The engine protocol: the seam between the scheduler and an inference engine.
 
-An engine owns one model and serves *sequences*. The scheduler (scheduler.py) is its only
+An engine owns one model and serves *sequences*. The scheduler (runtime/scheduler/) is its only
 caller at run time, from its one engine thread, and makes exactly these calls:
 
     engine.seq_restore(seq, prefix, keep)
@@ -156,7 +156,7 @@ class Engine(Protocol):
     single_seq: int
     state_layout: StateLayout  # which layers hold KV, a window of it, or a recurrent state
     keeps_partial: bool  # seq_restore(keep=...) is allowed: state_layout.keeps_partial
-    # Speculative decoding (runtime/drafting.py) can run here: forward takes items of four,
+    # Speculative decoding (runtime/scheduler/drafting.py) can run here: forward takes items of four,
     # (seq, pos, ids, rows), returning their last `rows` positions' logits, and seq_truncate
     # cuts a sequence back. False where the state cannot be cut back (not keeps_partial) or the
     # model gives only the last position's logits (an ONNX graph without `logits_rows`):

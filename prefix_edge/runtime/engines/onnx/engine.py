@@ -147,7 +147,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
     # optimum's graph: a list of past tensors; a restored prefix's arrays are shared (read-only)
     # by every sequence of that task until its first forward, which returns new present tensors.
     # Sequences run one after another: one row per run keeps every request bit-identical to
-    # running alone (see runtime/scheduler.py).
+    # running alone (see runtime/scheduler/loop.py).
     @property
     def state_layout(self) -> StateLayout:
         """Every attention layer's KV holds every position (a sliding layer's window is the

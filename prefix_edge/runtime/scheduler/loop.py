@@ -7,6 +7,7 @@ queue: a full one is an error, not a hang), drops cancelled ones (their sequence
 once), and then runs ONE forward over every active sequence: one token for each decoding
 request, plus a prefill chunk (<= `prefill_chunk` tokens) for requests still reading their
 input, so a long input neither blocks the others nor delays a cancel by more than one chunk.
+What a step runs is planned first, as data (plan.py), then run.
 
 Shared prefixes (llama.cpp): a task's baked prefix is restored once into a *resident* sequence;
 a request of that task starts as `seq_cp` of it, so N requests hold one copy of the prefix cells
@@ -31,13 +32,13 @@ import weakref
 
 import numpy as np
 
-from ..errors import EngineError, PrefixEdgeError, RuntimeBusy, RuntimeClosed, engine_error
+from ...errors import EngineError, PrefixEdgeError, RuntimeBusy, RuntimeClosed, engine_error
+from ..decode.sampling import token_logprobs
+from ..engines.protocol import PREFILL_CHUNK
 from .drafting import Drafting
-from .cache.prompts import chunk_end
-from .engines.protocol import PREFILL_CHUNK
+from .plan import Compose, Forward, Prefill, Verify, plan
 from .request import Request
 from .residents import Residents
-from .decode.sampling import token_logprobs
 
 
 class Scheduler:
@@ -72,7 +73,7 @@ class Scheduler:
         with self._lock:
             if self._closing:
                 raise RuntimeClosed("the runtime is closed")
-            if req.background and not self.idle_for_background():
+            if req.call.background and not self.idle_for_background():
                 raise RuntimeBusy("busy: a reply is read ahead only while the runtime is idle")
             if self._n_waiting >= self.queue_size:
                 raise RuntimeBusy(f"the runtime is busy: {self._n_waiting} requests are "
@@ -191,7 +192,7 @@ class Scheduler:
             self.free_seqs.append(r.seq)
             r.seq = -1
         if r.uses_resident:
-            self.residents.release(r.prefix_key)
+            self.residents.release(r.call.prefix_key)
             r.uses_resident = False
         r.reserved = 0
         for sib in r.siblings:  # choices not forked yet end with their first one
@@ -216,12 +217,12 @@ class Scheduler:
             lambda: self.kv_cells - self._cells_used() >= need, keep)
 
     def _admit(self) -> None:
-        if any(not w.background for w in self.waiting) and not self.free_seqs:
-            for bg in [a for a in self.active if a.background]:  # a reply read ahead gives way
+        if any(not w.call.background for w in self.waiting) and not self.free_seqs:
+            for bg in [a for a in self.active if a.call.background]:  # a reply read ahead gives way
                 self._finish(bg, "cancelled")
         while self.waiting and self.free_seqs:
             # FIFO among calls; a reply read ahead only when no call waits
-            r = next((w for w in self.waiting if not w.background), self.waiting[0])
+            r = next((w for w in self.waiting if not w.call.background), self.waiting[0])
             if len(self.free_seqs) < 1 + len(r.siblings) and self.active:
                 return  # its choices need a sequence each: wait for running requests (FIFO)
             try:
@@ -242,30 +243,30 @@ class Scheduler:
     def _start(self, r: Request) -> bool:
         """Give `r` a sequence with its prefix in place; False if the cache has no room yet."""
         t = time.perf_counter()
-        n_prefix = (r.prefix.n_tokens if r.prefix_keep is None else r.prefix_keep) \
-            if r.prefix is not None else 0
-        own = len(r.ids) + r.max_tokens + (r.compose.n_tokens if r.compose is not None else 0)
-        shared = (r.prefix is not None and r.prefix_key is not None
-                  and (r.prefix_key in self.residents or self.residents.can_hold(r.prefix)))
+        n_prefix = (r.call.prefix.n_tokens if r.call.prefix_keep is None else r.call.prefix_keep) \
+            if r.call.prefix is not None else 0
+        own = len(r.call.ids) + r.call.max_tokens + (r.compose.n_tokens if r.compose is not None else 0)
+        shared = (r.call.prefix is not None and r.call.prefix_key is not None
+                  and (r.call.prefix_key in self.residents or self.residents.can_hold(r.call.prefix)))
         # a prefix already resident costs no new cells; any other is restored once
-        need = own + (0 if shared and r.prefix_key in self.residents else n_prefix)
+        need = own + (0 if shared and r.call.prefix_key in self.residents else n_prefix)
         if self.kv_cells is not None and need > self.kv_cells:
             raise PrefixEdgeError(f"the request needs {need} KV cells (prefix {n_prefix} + input "
-                                  f"{len(r.ids)} + max_tokens {r.max_tokens}), the cache has "
+                                  f"{len(r.call.ids)} + max_tokens {r.call.max_tokens}), the cache has "
                                   f"{self.kv_cells}; lower max_tokens or open with a larger kv_cells")
-        if not self._free_cells_for(need, r.prefix_key if shared else None):
+        if not self._free_cells_for(need, r.call.prefix_key if shared else None):
             if not self.active:  # nothing will free cells: cannot happen unless residents are pinned
                 raise EngineError("no free KV cells for this request")
             return False
         seq = self.free_seqs.pop()
         try:
             if shared:
-                res = self.residents.acquire(r.prefix_key, r.prefix)
+                res = self.residents.acquire(r.call.prefix_key, r.call.prefix)
                 r.uses_resident = True
                 self.backend.seq_copy(res.seq, seq)
                 r.reserved = own
             else:
-                self.backend.seq_restore(seq, r.prefix, r.prefix_keep)
+                self.backend.seq_restore(seq, r.call.prefix, r.call.prefix_keep)
                 r.reserved = own + n_prefix
         except BaseException as e:
             self.backend.seq_free(seq)
@@ -274,81 +275,62 @@ class Scheduler:
                 raise engine_error(e) from None
             raise
         r.seq, r.pos = seq, n_prefix
-        r.load_ms += (time.perf_counter() - t) * 1e3
+        r.restore_ms += (time.perf_counter() - t) * 1e3
         for sib in r.siblings:  # idle (all input "read") until the fork gives them r's KV
             if len(self.free_seqs) == 0:
                 raise PrefixEdgeError(f"n={1 + len(r.siblings)} choices need as many free slots")
-            sib.seq, sib.fed, sib.reserved = self.free_seqs.pop(), len(sib.ids), sib.max_tokens
+            sib.seq, sib.fed, sib.reserved = self.free_seqs.pop(), len(sib.call.ids), sib.call.max_tokens
             self.active.append(sib)
         return True
 
     # the step ---------------------------------------------------------------------------
     def _step(self) -> None:
-        """One step: ONE forward of every decoding request's next token (in sequence order,
-        which llama.cpp batches per stream; one forward each where the engine does not batch
-        sequences alike), then a forward per prefill chunk (chunks of
-        `prefill_chunk` from the input's start, never cut by the batch's budget), so each
-        request sees the same kernel shapes as in its lone run."""
-        decode, budget = [], self.n_batch
-        waiting = sum(r.next_token is not None for r in self.active)
-        for r in sorted(self.active, key=lambda r: r.seq):  # decoding requests: one token each
-            if r.next_token is not None and budget >= 1:
-                budget, waiting = budget - 1, waiting - 1
-                draft = self.drafting.draft(r, budget - waiting)  # a draft never takes a turn
-                if draft is None:
-                    decode.append(((r.seq, r.pos, np.array([r.next_token], np.int64)), (r, 1, True)))
-                    continue
-                ids = np.array([r.next_token, *draft], np.int64)  # and a draft to verify
-                decode.append(((r.seq, r.pos, ids, ids.size), (r, ids.size, draft)))
-                budget -= len(draft)
-        # one forward of them all; one each where the engine computes a token otherwise beside
-        # another sequence's (protocol.Engine.batches_sequences)
-        groups = ([decode] if self.backend.batches_sequences else [[d] for d in decode]) if decode else []
-        n_decode = len(groups)  # the decode forwards come first (timed: drafting.RowCost)
-        for r in list(self.active):  # composed documents (compose.py): a unit each
-            if r.compose is not None and not r.compose.done and budget >= self.prefill_chunk:
-                budget -= self._compose(r)
-        for r in self.active:  # then a prefill chunk for requests still reading their input
-            if r.next_token is None and r.fed < len(r.ids) and (r.compose is None or r.compose.done):
-                n = chunk_end(r.fed, len(r.ids), r.cuts, self.prefill_chunk) - r.fed
-                if n > budget:
-                    break
-                groups.append([((r.seq, r.pos, r.ids[r.fed:r.fed + n]), (r, n, r.fed + n == len(r.ids)))])
-                budget -= n
-        for k, group in enumerate(groups):
-            self._forward([it for it, _ in group], [ow for _, ow in group], timed=k < n_decode)
+        """One step, planned as data (plan.py), then run: compositions, the decoding requests'
+        forward(s), a forward per prefill chunk."""
+        step = plan(self.active, self.n_batch, self.prefill_chunk, self.backend.batches_sequences,
+                    self.drafting.draft)
+        for unit in step.compose:
+            self._compose(unit)
+        for fwd in step.decode:  # timed: what a verified row costs here (drafting.RowCost)
+            self._forward(fwd, timed=True)
+        for fwd in step.prefill:
+            self._forward(fwd)
 
-    def _compose(self, r: Request) -> int:
-        """The next unit of r's composition; the tokens it forwarded."""
+    def _compose(self, unit: Compose) -> None:
+        """The next unit of a request's composition."""
+        r = unit.r
         try:
-            return r.compose.advance(self.backend, r)
+            r.compose.advance(self.backend, r)
         except Exception as e:
             self._finish(r, "error", engine_error(e, "engine error while composing documents"))
-            return 0
 
-    def _forward(self, items: list, owners: list, timed: bool = False) -> None:
+    def _forward(self, fwd: Forward, timed: bool = False) -> None:
+        """One engine forward of `fwd`'s work; each item's logits to its request."""
         try:
             t0 = time.perf_counter()
-            logits = self.backend.forward(items)
-            if timed:  # the decode forward: what a verified row costs here (drafting.RowCost)
-                self.drafting.cost.observe(sum(n for _, n, _ in owners), time.perf_counter() - t0)
+            logits = self.backend.forward([w.item for w in fwd])
+            if timed:
+                self.drafting.cost.observe(sum(w.n for w in fwd), time.perf_counter() - t0)
         except Exception as e:
             err = engine_error(e)
-            for r, _, _ in owners:
-                self._finish(r, "error", err)
+            for w in fwd:
+                self._finish(w.r, "error", err)
             return
         self.stats["steps"] += 1
-        self.stats["forward_tokens"] += sum(n for _, n, _ in owners)
-        for (r, n, sample), lg in zip(owners, logits):
-            if isinstance(sample, list):  # a draft's verification (rows of logits)
-                self.drafting.verify(r, lg, sample, self._sample, self._finish)
+        self.stats["forward_tokens"] += sum(w.n for w in fwd)
+        for w, lg in zip(fwd, logits):
+            r = w.r
+            if isinstance(w, Verify):  # rows of logits: the token, then the draft's
+                self.drafting.verify(r, lg, list(w.draft), self._sample, self._finish)
                 continue
-            r.pos += n
-            if r.next_token is None:
-                r.fed += n
+            r.pos += w.n
+            if isinstance(w, Prefill):
+                r.fed += w.n
                 if r.midpoint is not None and r.fed == r.midpoint[0]:
                     self._keep_midpoint(r)
-            if sample and not r.cancel_reason:
+                if not w.last:
+                    continue
+            if not r.cancel_reason:
                 first = r.n_samples == 0
                 if first:
                     self._prompt_read(r, lg)
@@ -384,7 +366,7 @@ class Scheduler:
             if sib.done:
                 continue
             self.backend.seq_copy(r.seq, sib.seq)
-            sib.pos, sib.forked, sib.load_ms = r.pos, True, r.load_ms
+            sib.pos, sib.forked, sib.restore_ms = r.pos, True, r.restore_ms
             self._sample(sib, logits)
 
     def _sample(self, r: Request, logits: np.ndarray) -> None:
@@ -401,14 +383,14 @@ class Scheduler:
 
     def _next_token(self, r: Request, logits: np.ndarray) -> None:
         tok = r.sampler(logits)
-        if r.logprobs is not None and tok not in r.eos:
-            r.token_logprobs.append(token_logprobs(logits, tok, r.logprobs))
+        if r.call.logprobs is not None and tok not in r.call.eos:
+            r.token_logprobs.append(token_logprobs(logits, tok, r.call.logprobs))
         r.n_samples += 1
         r.t_last = time.perf_counter()
         if r.t_first is None:
             r.t_first = r.t_last
         r.next_token = None
-        if tok in r.eos:
+        if tok in r.call.eos:
             return self._finish(r, "eos")
         r.tokens.append(tok)
         chunk = r.text.push(tok)
@@ -417,7 +399,7 @@ class Scheduler:
             r.emit("text", chunk)
         if r.text.stopped:
             return self._finish(r, "stop")
-        if r.n_samples >= r.max_tokens:
+        if r.n_samples >= r.call.max_tokens:
             return self._finish(r, "length")
         r.next_token = tok
 

@@ -1,7 +1,7 @@
 """Speculative decoding by lookup (`speculative="lookup"`): more than one token per forward.
 
 On a CPU a decode step reads every weight once for one token; a forward of a few more tokens
-costs about the same. So for a request in its decode phase the scheduler (scheduler.py) drafts
+costs about the same. So for a request in its decode phase the scheduler (loop.py) drafts
 up to k tokens after the token it is about to forward:
 
 - first the constraint's forced tokens (llguidance's fast-forward: the keys, quotes and braces
@@ -42,7 +42,7 @@ on ONNX each sequence runs a graph run of its own, so its answer is then the sam
 else runs. Verifying k tokens at once is a k-token prefill, whose last bits can differ
 from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
-its first decoded token only (scheduler._keep_prompt), so no draft's KV is ever stored there.
+its first decoded token only (loop.Scheduler._keep_prompt), so no draft's KV is ever stored there.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import logging
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..errors import engine_error
+from ...errors import engine_error
 
 K_START, K_MAX = 4, 8  # K_MAX + 1 rows of logits: what the ONNX graph gives (onnx_graph.LOGITS_TAIL)
 PAUSE_MAX = 32  # steps without a lookup after rejected ones: 1, 2, 4 ... up to this many, times
@@ -81,16 +81,16 @@ class Drafting:
         """r's draft to forward after its next token (speculative="lookup"), or None: its
         next token alone. At most `budget` tokens, and never past what max_tokens lets the
         "off" run write (so its KV reservation holds)."""
-        if r.speculative != "lookup" or r.cancel_reason:
+        if r.call.speculative != "lookup" or not r.drafts or r.cancel_reason:
             return None
         if r.drafter is None:
             if not self.backend.verifies:
                 self._say()
-                r.speculative = "off"
+                r.drafts = False
                 return None
-            first = r.parent if r.parent is not None else r  # a choice: its first one's input
-            r.drafter = Drafter(r.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.ids]))
-        limit = min(budget, r.max_tokens - r.n_samples - 1)
+            first = (r.parent if r.parent is not None else r).call  # a choice: its first one's input
+            r.drafter = Drafter(r.call.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.call.ids]))
+        limit = min(budget, r.call.max_tokens - r.n_samples - 1)
         draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit, self.cost.share()) if limit > 0 else []
         return draft or None
 

@@ -1,7 +1,7 @@
 """Resident task prefixes: a task's prefix restored once into a sequence of its own, which each
 request of the task copies (llama.cpp shares the cells) instead of restoring it again.
 
-The scheduler (scheduler.py) owns one Residents and calls it from its engine thread only: a
+The scheduler (loop.py) owns one Residents and calls it from its engine thread only: a
 pool of sequences set aside for prefixes, a byte budget, least recently used first out, and
 never a prefix a running request still reads from (`users`)."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..errors import EngineError
-from .engines.prefix import Prefix
+from ...errors import EngineError
+from ..engines.prefix import Prefix
 
 
 @dataclass
