@@ -25,12 +25,16 @@ def perturbed(be, prefix, rng):
     from prefix_edge.runtime.engines.prefix import Prefix
 
     if be.name == "onnx":  # fp32: x * (1 ± 2^-23) is x moved by about one ulp
+        from prefix_edge.runtime.engines.onnx.state import KvArrays
+
         kv = [(a * (1 + np.float32(2.0 ** -23) * rng.choice(np.float32([-1, 1]), size=a.shape))).astype(a.dtype)
-              for a in prefix.kv]
+              for a in prefix.state.kv]
+        state = KvArrays(kv, prefix.state.states)
     else:  # llama.cpp f16 cells: ±1 on the bit pattern of every normal, nonzero value
         from prefix_edge.llamacpp.seqstate import parse_seq_state
+        from prefix_edge.runtime.engines.llama.state import SeqBlob
 
-        kv = np.array(prefix.kv)
+        kv = np.array(prefix.state.blob)
         info = parse_seq_state(kv)
         if info.k_type != 1:
             sys.exit("the GGUF bundle's cache is not f16")
@@ -40,7 +44,8 @@ def perturbed(be, prefix, rng):
                 u = kv[off:off + n].view("<u2")
                 ok = (u & 0x7FFF) > 0x0400
                 u[ok] = (u[ok].astype(np.int32) + rng.choice([-1, 1], size=int(ok.sum()))).astype(np.uint16)
-    return Prefix(prefix.ids, kv, prefix.metadata, prefix.nbytes, n_virtual=prefix.n_virtual)
+        state = SeqBlob(kv)
+    return Prefix(prefix.ids, state, prefix.metadata, n_virtual=prefix.n_virtual)
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from prefix_edge import Runtime
     from prefix_edge.bundle import prefixfile
-    from prefix_edge.runtime.engines.prefix import Prefix
 
     stores = args.stores.split(",")
     totals = {s: {"answers": 0, "same_answers": 0, "tokens": 0, "same_tokens": 0, "forced_agree": 0,
@@ -46,15 +45,15 @@ def main() -> None:
                 continue
             rows, n_max, metric, mean_score = held
             exact, _ = rt.prefixes.get(task)
-            kv = dict(zip(be.past_names, exact.kv))
+            kv = dict(zip(be.past_names, exact.state.kv))
             variants = {}
             for s in ["f32", *stores]:
                 tensors, meta = prefixfile.encode_kv(kv, s)
                 totals[s]["bytes"] += sum(t.nbytes for t in tensors.values())
                 totals[s]["positions"] += exact.n_tokens
-                dec = prefixfile.decode_kv(tensors, meta, be.past_names, be.kv_dtype, task)
-                variants[s] = Prefix(exact.ids, [dec[n] for n in be.past_names], exact.metadata,
-                                     exact.nbytes, n_virtual=exact.n_virtual)
+                # read back as a file of that store is read (the engine decodes it)
+                variants[s] = be.prefix_from({prefixfile.IDS: exact.ids, **tensors},
+                                             {**meta, "n_virtual": str(exact.n_virtual)}, task)
             texts = {s: [] for s in ["f32", *stores]}
             for ex in rows:
                 ids = rt.encode_input(task, ex.input)

@@ -5,6 +5,7 @@ answer after an eviction equals its uncached run (a hit equals a miss, a miss eq
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from .helpers.sheets import DOCS, QUESTIONS, ask_text
 
 
 def _state(n: int, nbytes: int) -> Prefix:
-    return Prefix(np.arange(n, dtype=np.int64), None, {}, nbytes)
+    return Prefix(np.arange(n, dtype=np.int64), SimpleNamespace(nbytes=nbytes))  # a state the caches see by its bytes
 
 
 def _doc_kv(positions: int) -> KvLayers:  # positions * 5 floats * 2 (k and v) * 4 bytes

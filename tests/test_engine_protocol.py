@@ -70,7 +70,7 @@ def test_fake_engine_prefix_files_round_trip(tmp_path):
     be.prefill(np.arange(3, 9, dtype=np.int64))
     be.save_prefix(tmp_path / "p.safetensors", np.arange(3, 9, dtype=np.int64), {"task": "t"})
     prefix = be.load_prefix(tmp_path / "p.safetensors")
-    assert prefix.kv == list(range(3, 9)) and prefix.ids.tolist() == list(range(3, 9))
+    assert prefix.state == list(range(3, 9)) and prefix.ids.tolist() == list(range(3, 9))
     assert be.read_prefix_ids(tmp_path / "p.safetensors").tolist() == list(range(3, 9))
     seq = 0
     assert be.seq_restore(seq, prefix) == 6
@@ -124,10 +124,6 @@ UNDECLARED = {
     ("bench/concurrency.py", "ctx"): "counts llama.cpp's used KV cells through its raw context",
     ("bench/concurrency.py", "bytes_per_cell"): "llama.cpp's cell size, for the same table",
     ("bench/concurrency.py", "kv_bytes"): "the ONNX engine's request buffers, for the same table",
-    ("export/bake.py", "past_names"): "the ONNX soft-prompt runner runs an edited copy of the graph",
-    ("export/bake.py", "kv_dtype"): "the ONNX soft-prompt runner runs an edited copy of the graph",
-    ("export/bake.py", "state_names"): "the ONNX soft-prompt runner runs an edited copy of the graph",
-    ("export/bake.py", "state_shapes"): "the ONNX soft-prompt runner runs an edited copy of the graph",
 }
 # bench/ and cli/ name backends on purpose: each engine against its own peer (llama-cpp-python,
 # optimum), doctor's lines per library

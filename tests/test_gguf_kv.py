@@ -136,6 +136,7 @@ def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv, which):
     head by a Hadamard matrix where llama.cpp does (heads of 64; this model's are 32: none),
     then quantizes. From the f16 cells of a text prefix it gives llama.cpp's own q8_0 cells (up
     to the f16 rounding of its source) and the same next-token logits."""
+    from prefix_edge.runtime.engines.llama.state import SeqBlob
     from prefix_edge.runtime.engines.prefix import Prefix
     from prefix_edge.llamacpp.seqstate import extract_kv
     from prefix_edge.llamacpp.seqstate_write import build_seq_state
@@ -177,7 +178,7 @@ def test_injected_kv_is_what_llama_cpp_caches(bundle_q8kv, which):
     other = build_seq_state([np.ascontiguousarray(k) for k in ks], [np.ascontiguousarray(v) for v in vs],
                             False, kv_type=GGML_TYPE_Q8_0, rotation=32 if which == "tiny" else 0)
     assert np.abs(cells(other) - cells(native)).max() > 10 * step  # the other choice is far off
-    q8.begin(Prefix(ids, np.frombuffer(ours, np.uint8), {}, len(ours)))
+    q8.begin(Prefix(ids, SeqBlob(np.frombuffer(ours, np.uint8))))
     got = q8.prefill(inp)
     assert int(np.argmax(got)) == int(np.argmax(want))
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()

@@ -21,6 +21,7 @@ import pytest
 from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.engines.prefix import Prefix
+from prefix_edge.runtime.engines.llama.state import SeqBlob
 from prefix_edge.llamacpp.seqstate import SEQ_STATE_MAGIC, check_seq_state, parse_seq_state
 from prefix_edge.llamacpp.seqstate_write import build_seq_state, in_stream, out_of_stream
 
@@ -75,7 +76,7 @@ def test_state_layout_and_fidelity(family):
     n_rec = FAMILIES[kind][2]
     with Runtime.open(bundle, backend="gguf") as rt:
         be = rt.backend
-        assert be.n_kv_heads == 2 and be.recurrent_layers == n_rec, kind  # llama.cpp says 0 KV heads for a recurrent layer 0
+        assert be.n_kv_heads == 2 and be.format.recurrent_layers == n_rec, kind  # llama.cpp says 0 KV heads for a recurrent layer 0
         assert be.keeps_partial == (n_rec == 0 and kind != "gemma3-sliding"), kind
         lay = be.state_layout  # the protocol's description of the same
         assert lay.recurrent_layers == n_rec and lay.keeps_partial == be.keeps_partial, (kind, lay)
@@ -84,9 +85,9 @@ def test_state_layout_and_fidelity(family):
             assert (lay.kv_layers, lay.window_layers, lay.window) == (0, 2, 8), lay
         assert rt.prompts.partial == be.keeps_partial
         if kind == "exaone4":  # n_swa 4096 in the model, no sliding-window cache
-            assert (be.n_swa, be.state_parts) == (0, 1)
+            assert (be.n_swa, be.format.parts) == (0, 1)
         if kind == "gemma3-sliding":  # every layer in the window's cache, none in the full one
-            assert (be.state_parts, be.kv_layers, be.swa_n_layer) == (2, 0, 2)
+            assert (be.format.parts, be.format.layout.kv_layers, be.format.layout.swa_n_layer) == (2, 0, 2)
 
 
 @pytest.mark.integration
@@ -153,8 +154,8 @@ def test_restore_puts_back_kv_and_recurrent_state(family):
         assert be.seq_restore(be.single_seq, snap) == n
         be.pos = n
         np.testing.assert_array_equal(be.step(7), want, err_msg=kind)
-        info = be.parse_state(snap.kv)
-        check_seq_state(info, be.expected_state(n))
+        info = be.format.parse(snap.state.blob)
+        check_seq_state(info, be.format.expected(n))
         if FAMILIES[kind][2]:
             assert info.recurrent.cell_count == 1 and int(info.recurrent.positions[0]) == n - 1
             with pytest.raises(PrefixEdgeError, match=f"cannot keep 5 of a state's {n} positions"):
@@ -168,8 +169,8 @@ def test_a_malformed_recurrent_state_is_refused_in_one_line(tmp_path_factory):
     with Runtime.open(bundle, backend="gguf") as rt:
         be = rt.backend
         prefix, _ = rt.prefixes.get("raw")
-        blob = prefix.kv.tobytes()
-        info = be.parse_state(blob)
+        blob = prefix.state.blob.tobytes()
+        info = be.format.parse(blob)
         rec = info.recurrent
         start, end = rec.span
         pos_at = start + 4
@@ -186,7 +187,7 @@ def test_a_malformed_recurrent_state_is_refused_in_one_line(tmp_path_factory):
             "another model": (blob[:start + 16] + struct.pack("<I", 6) + blob[start + 20:], "trailing bytes|n_layer"),
         }
         for name, (bad, message) in cases.items():
-            p = Prefix(prefix.ids, np.frombuffer(bad, np.uint8).copy(), {}, len(bad))
+            p = Prefix(prefix.ids, SeqBlob(np.frombuffer(bad, np.uint8).copy()))
             with pytest.raises(PrefixEdgeError, match=message):
                 be.seq_restore(1, p)
             assert be.seq_pos(1) == 0, name  # nothing reached llama.cpp's cache

@@ -102,7 +102,7 @@ def test_state_layout_and_prefix_file(hybrid):
         for i, name in enumerate(be.state_names):
             state = tensors[name]
             assert state.shape == STATES[kind][name] and state.dtype == np.float32 and np.abs(state).max() > 0
-            np.testing.assert_array_equal(prefix.kv[len(be.past_names) + i], state)
+            np.testing.assert_array_equal(prefix.state.states[i], state)
         assert tensors[be.past_names[0]].shape == (1, 2, prefix.n_tokens, 16)
 
 

@@ -17,6 +17,7 @@ import pytest
 from prefix_edge.errors import PrefixEdgeError
 from prefix_edge.runtime.engines.llama.engine import LlamaBackend
 from prefix_edge.runtime.engines.prefix import Prefix
+from prefix_edge.runtime.engines.llama.state import SeqBlob
 from prefix_edge.llamacpp.seqstate import check_seq_state, extract_kv, parse_seq_state
 from prefix_edge.llamacpp.seqstate_write import build_seq_state
 
@@ -42,9 +43,9 @@ def gemma(tmp_path_factory):
 
 def test_two_caches_and_the_window(gemma):
     built, be, snap, _ = gemma
-    assert (be.n_swa, be.swa_n_layer, be.n_stream) == (WINDOW, 5, 3)
-    info = parse_seq_state(snap.kv, parts=2)
-    check_seq_state(info, be.expected_state(P))
+    assert (be.n_swa, be.format.layout.swa_n_layer, be.n_stream) == (WINDOW, 5, 3)
+    info = parse_seq_state(snap.state.blob, parts=2)
+    check_seq_state(info, be.format.expected(P))
     assert [p.n_layer for p in info.parts] == [1, 5]
     assert info.positions.tolist() == list(range(P))
     assert info.swa.positions.tolist() == list(range(P - WINDOW, P))
@@ -52,7 +53,7 @@ def test_two_caches_and_the_window(gemma):
 
 def test_blob_from_kv_is_llama_cpps_own(gemma):
     built, be, snap, _ = gemma
-    ks, vs = extract_kv(snap.kv, parse_seq_state(snap.kv, parts=2))
+    ks, vs = extract_kv(snap.state.blob, parse_seq_state(snap.state.blob, parts=2))
     sliding = [i for i, t in enumerate(built.model.config.layer_types) if t == "sliding_attention"]
     full = [i for i in range(len(ks)) if i not in sliding]
     k, v = [None] * len(ks), [None] * len(vs)
@@ -60,7 +61,7 @@ def test_blob_from_kv_is_llama_cpps_own(gemma):
         pad = np.zeros((P - ks[j].shape[0], ks[j].shape[1]), np.float16)  # cells outside the window
         k[i], v[i] = np.concatenate([pad, ks[j]]), np.concatenate([pad, vs[j]])
     blob = build_seq_state(k, v, be.v_trans, swa_layers=sliding, window=WINDOW)
-    assert blob == snap.kv.tobytes()
+    assert blob == snap.state.blob.tobytes()
 
 
 @pytest.mark.parametrize("seq", [0, 1, 2])
@@ -91,9 +92,9 @@ def _bad(blob: bytes) -> dict[str, tuple[bytes, str]]:
                                   "every cell in the window's cache"])
 def test_bad_blob_refused_in_one_line(gemma, case):
     _, be, snap, reference = gemma
-    bad, pattern = _bad(snap.kv.tobytes())[case]
+    bad, pattern = _bad(snap.state.blob.tobytes())[case]
     with pytest.raises(PrefixEdgeError, match=pattern) as e:
-        be.seq_restore(1, Prefix(IDS[:P], np.frombuffer(bad, np.uint8), {}, len(bad)))
+        be.seq_restore(1, Prefix(IDS[:P], SeqBlob(np.frombuffer(bad, np.uint8))))
     assert "\n" not in str(e.value)
     be.seq_restore(1, snap)  # and the context stays usable
     assert np.array_equal(be.forward([(1, P, IDS[P:])])[0], reference)

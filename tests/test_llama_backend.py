@@ -14,8 +14,9 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from prefix_edge.errors import PrefixEdgeError  # noqa: E402
 from prefix_edge.runtime.engines.prefix import Prefix  # noqa: E402
+from prefix_edge.runtime.engines.llama.state import SeqBlob  # noqa: E402
 from prefix_edge.runtime.engines.llama.engine import LlamaBackend  # noqa: E402
-from prefix_edge.runtime.engines.llama.prefix_files import write_prefix  # noqa: E402
+from prefix_edge.runtime.engines.llama.state import write_prefix  # noqa: E402
 from prefix_edge.llamacpp.seqstate import (  # noqa: E402
     SEQ_STATE_MAGIC, check_seq_state, extract_kv, parse_seq_state)
 from prefix_edge.llamacpp.seqstate_write import build_seq_state  # noqa: E402
@@ -142,7 +143,7 @@ def test_seqstate_round_trip_byte_exact(backend, baked):
     k, v = extract_kv(blob)
     assert len(k) == len(v) == 30 and k[0].shape == v[0].shape == (len(pre), 192)
     assert build_seq_state(k, v, v_trans=True) == blob
-    check_seq_state(info, backend.expected_state(len(pre)))
+    check_seq_state(info, backend.format.expected(len(pre)))
 
 
 def test_flash_attn_layout_round_trip_and_mismatch(backend, baked, set_data_calls):
@@ -161,7 +162,7 @@ def test_flash_attn_layout_round_trip_and_mismatch(backend, baked, set_data_call
         k3, v3 = extract_kv(build_seq_state(k2, v2, v_trans=False))
         assert all(np.array_equal(a, b) for a, b in zip(k2 + v2, k3 + v3))
         # an FA-baked blob restored into an FA context: exact vs prefilling the prefix then user
-        fa.begin(Prefix(pre, np.frombuffer(fa_blob, np.uint8), {}, len(fa_blob)))
+        fa.begin(Prefix(pre, SeqBlob(np.frombuffer(fa_blob, np.uint8))))
         restored = fa.prefill(user)
         fa.begin(None)
         fa.prefill(pre)
@@ -169,7 +170,7 @@ def test_flash_attn_layout_round_trip_and_mismatch(backend, baked, set_data_call
     # the V layouts do not mix: refused by seqstate, llama.cpp never called for it
     n_before = len(set_data_calls)
     with pytest.raises(PrefixEdgeError, match="v_trans"):
-        backend.begin(Prefix(pre, np.frombuffer(fa_blob, np.uint8), {}, len(fa_blob)))
+        backend.begin(Prefix(pre, SeqBlob(np.frombuffer(fa_blob, np.uint8))))
     assert len(set_data_calls) == n_before
 
 
@@ -207,14 +208,14 @@ def test_bad_blob_refused_before_llama_cpp(backend, baked, reference, set_data_c
     with pytest.raises(PrefixEdgeError, match=pattern) as e:
         parse_seq_state(bad) if case not in ("other layer count", "cell count vs ids",
                                              "positions") else \
-            check_seq_state(parse_seq_state(bad), backend.expected_state(len(ids)))
+            check_seq_state(parse_seq_state(bad), backend.format.expected(len(ids)))
     assert "\n" not in str(e.value)
     # the backend refuses the same blob, without handing it to llama.cpp...
     with pytest.raises(PrefixEdgeError, match=pattern):
-        backend.begin(Prefix(ids, np.frombuffer(bad, np.uint8), {}, len(bad)))
+        backend.begin(Prefix(ids, SeqBlob(np.frombuffer(bad, np.uint8))))
     assert set_data_calls == []
     # ...and stays usable: a good restore right after gives the reference logits
-    backend.begin(Prefix(pre, np.frombuffer(blob, np.uint8), {}, len(blob)))
+    backend.begin(Prefix(pre, SeqBlob(np.frombuffer(blob, np.uint8))))
     assert np.array_equal(backend.prefill(user), reference)
     assert set_data_calls == [len(blob)]
 

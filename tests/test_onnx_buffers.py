@@ -47,13 +47,13 @@ def test_home_buffers_reuse_without_changing_answers(bundle_int4):
         p = prefixes[task]
         be.begin(p)
         if k >= 3:  # the task ran before: its home buffer is taken as it is
-            assert be.seqs[be.single_seq][0] is p.home[1]
+            assert be.seqs[be.single_seq][0] is p.state.home[1]
         assert _greedy(be, INPUTS[i]) == ref[(task, i)], (k, task, i)
     # the prefix's arrays are views of its home's first positions, which no forward wrote
     p = prefixes["support"]
-    assert all(np.shares_memory(kv, a) for kv, a in zip(p.kv, p.home[1].arrays))
+    assert all(np.shares_memory(kv, a) for kv, a in zip(p.state.kv, p.state.home[1].arrays))
     again = be.load_prefix(_prefix_file(bundle_int4, "support"))
-    for kv, fresh in zip(p.kv, again.kv):
+    for kv, fresh in zip(p.state.kv, again.state.kv):
         np.testing.assert_array_equal(kv, fresh)
 
 
@@ -61,7 +61,7 @@ def test_busy_home_is_copied_and_dead_homes_become_spares(bundle_int4):
     be = _open(bundle_int4)
     p = be.load_prefix(_prefix_file(bundle_int4, "support"))
     n = be.seq_restore(1, p)
-    home = p.home[1]
+    home = p.state.home[1]
     be.seq_restore(2, p)  # the home is held by sequence 1: sequence 2 gets a copy
     assert be.seqs[1][0] is home and be.seqs[2][0] is not home
     ref = [_reference(bundle_int4, "support", ids) for ids in INPUTS]

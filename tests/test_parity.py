@@ -107,7 +107,7 @@ def test_own_graph_matches_optimum_graph(bundle_fp32, bundle_optimum):
         for task in ("support", "raw"):
             po, _ = own.prefixes.get(task)
             pr, _ = ref.prefixes.get(task)
-            assert max(float(np.abs(a - b).max()) for a, b in zip(po.kv, pr.kv)) < 1e-4
+            assert max(float(np.abs(a - b).max()) for a, b in zip(po.state.kv, pr.state.kv)) < 1e-4
             ids = own.encode_input(task, INPUTS[0])
             own.backend.begin(po)
             ref.backend.begin(pr)

@@ -386,8 +386,7 @@ def test_soft_prompt_route_is_exact_on_int4(peft_bundle, tiny_model, tmp_path, b
         lookup = next(n for n in m.graph.node if n.op_type.startswith("Gather") and "input_ids" in n.input)
         m.graph.output.append(onnx.helper.make_tensor_value_info(lookup.output[0], 1, None))
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        runner = SoftPromptRunner(path, be.past_names, be.n_kv_heads, be.head_dim, be.kv_dtype,
-                                  soft.shape[1])
+        runner = SoftPromptRunner(path, soft.shape[1])
         empty = {n: np.zeros((1, be.n_kv_heads, 0, be.head_dim), be.kv_dtype) for n in be.past_names}
         for text in INPUTS:
             ids = rt.encode_input("p", text)

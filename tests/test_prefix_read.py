@@ -85,7 +85,7 @@ def test_a_passed_prefix_skips_the_walk_until_the_file_changes(bundle_int4, back
         assert b.read_prefix("support", backend, fp)[3]  # this process, and the next one:
         assert f"{backend}:{fp}" in read_cache(cache_name(b.root))[str(path.resolve())]["checks"]
         again = PrefixCache(b, be, fp).get("support")[0]
-        kv = (lambda p: [np.asarray(p.kv)] if backend == "gguf" else p.kv)
+        kv = (lambda p: [p.state.blob] if backend == "gguf" else p.state.kv + p.state.states)
         assert all(np.array_equal(x, y) for x, y in zip(kv(walked), kv(again)))
         assert np.array_equal(walked.ids, again.ids)
         assert not b.read_prefix("support", backend, fp, verify="full")[3]  # full: always walked

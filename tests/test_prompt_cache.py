@@ -9,6 +9,7 @@ equal, on both engines, also with threads and with a cache that evicts while req
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from .helpers.sheets import DOCS, QUESTIONS, ask_text
 BACKENDS = ["onnx", "gguf"]
 
 def _snap(n: int, nbytes: int = 100) -> Prefix:
-    return Prefix(np.arange(n, dtype=np.int64), None, {}, nbytes)
+    return Prefix(np.arange(n, dtype=np.int64), SimpleNamespace(nbytes=nbytes))  # a state the caches see by its bytes
 
 
 # -- the cache itself -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from prefix_edge.errors import PrefixEdgeError, RuntimeBusy
 from prefix_edge.runtime.engines.prefix import Prefix
 from prefix_edge.runtime.scheduler import Request
-from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.fake_engine import FakeEngine, Tokens
 from tests.helpers.scheduling import TOK, outcome, request, scheduler
 
 pytestmark = pytest.mark.unit
@@ -181,11 +181,11 @@ def test_a_prefix_restored_gives_what_its_prefill_gave():
     tokens, _ = alone(pre + PROMPTS[0], max_tokens=6)
     s, engine = scheduler()
     try:
-        r = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre), pre, {}, 80))
+        r = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre), Tokens(pre)))
         s.submit(r)
         outcome(r)
         assert r.tokens == tokens
-        keep = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre + [7, 7]), pre + [7, 7], {}, 96),
+        keep = request(PROMPTS[0], max_tokens=6, prefix=Prefix(np.array(pre + [7, 7]), Tokens(pre + [7, 7])),
                        prefix_keep=len(pre))  # the first positions of a longer state
         s.submit(keep)
         outcome(keep)
@@ -199,7 +199,7 @@ def test_prompt_read_callback_sees_the_whole_prompt_once():
     s, engine = scheduler(prefill_chunk=3)
     try:
         r = request(PROMPTS[2], max_tokens=4)
-        r.snapshot = lambda backend, req: seen.append(backend.seq_snapshot(req.seq, req.call.ids).kv)
+        r.snapshot = lambda backend, req: seen.append(backend.seq_snapshot(req.seq, req.call.ids).state)
         s.submit(r)
         outcome(r)
     finally:

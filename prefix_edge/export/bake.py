@@ -22,6 +22,7 @@ import numpy as np
 
 from ..bundle import Manifest, ModelInfo, TaskPrefixFile, layout, sha256_file
 from ..errors import PrefixEdgeError
+from ..bundle import prefixfile
 from ..runtime.engines.prefix import Prefix
 from ..runtime.engines.protocol import PREFILL_CHUNK
 from ..tasks import RenderedTask
@@ -83,7 +84,7 @@ def bake(be, manifest: Manifest, task_ids: dict[str, list[int]], root: Path, adv
     info.state = be.state_info()
     info.fingerprint = manifest.fingerprint(be.name)
     out = {}
-    soft = _SoftPrompts(be, manifest.model, model_path)
+    soft = _SoftPrompts(manifest.model, model_path)
     try:
         for name, ids in task_ids.items():
             meta = {"fingerprint": info.fingerprint, "task": name,
@@ -127,9 +128,10 @@ def _begin_virtual(be, adapter, m: ModelInfo, soft: "_SoftPrompts") -> None:
         be.begin(None)
         be.prefill_embeddings(adapter.embeddings)
     else:  # a graph that takes token ids only: an edited copy of it runs the soft prompt
-        kv = soft.runner().kv(adapter.embeddings)
-        be.begin(Prefix(np.zeros(0, np.int64), kv, {}, sum(t.nbytes for t in kv),
-                        n_virtual=adapter.n_virtual))
+        runner = soft.runner()  # the graph's own arrays: its KV inputs', then a hybrid's states
+        arrays = dict(zip(runner.past_names + list(runner.states), runner.kv(adapter.embeddings)))
+        be.begin(be.prefix_from({prefixfile.IDS: np.zeros(0, np.int64), **arrays},
+                                {"n_virtual": str(adapter.n_virtual)}, "the soft prompt's KV", lasting=True))
 
 
 def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo) -> Prefix:
@@ -167,8 +169,8 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
 class _SoftPrompts:
     """The ONNX soft-prompt runner, made on first use and closed after baking."""
 
-    def __init__(self, be, m: ModelInfo, model_path: Path | None):
-        self.be, self.m, self.model_path, self._runner = be, m, model_path, None
+    def __init__(self, m: ModelInfo, model_path: Path | None):
+        self.m, self.model_path, self._runner = m, model_path, None
 
     def runner(self):
         if self._runner is None:
@@ -176,10 +178,7 @@ class _SoftPrompts:
 
             if self.model_path is None:
                 raise PrefixEdgeError("baking a soft prompt needs the deployed ONNX model's path")
-            be = self.be
-            self._runner = SoftPromptRunner(self.model_path, be.past_names, be.n_kv_heads,
-                                            be.head_dim, be.kv_dtype, self.m.hidden_size,
-                                            dict(zip(be.state_names, be.state_shapes)))
+            self._runner = SoftPromptRunner(self.model_path, self.m.hidden_size)
         return self._runner
 
     def close(self) -> None:

@@ -96,20 +96,16 @@ def _dtype(scale) -> type:
 class SoftPromptRunner:
     """Runs soft-prompt embeddings through the deployed ONNX graph (edited as above)."""
 
-    def __init__(self, model_path: Path, past_names: list[str], n_kv_heads: int, head_dim: int,
-                 kv_dtype, hidden_size: int, states: dict[str, tuple] | None = None):
-        """`states`: a hybrid graph's recurrent state inputs and their shapes (they start at
-        zeros; their outputs follow the KV's in what kv() returns)."""
+    def __init__(self, model_path: Path, hidden_size: int):
+        """Its KV inputs (`past_names`, in the engine's order: layer, key before value) and a
+        hybrid graph's recurrent state inputs (`states`, their shapes; they start at zeros,
+        their outputs follow the KV's in what kv() returns) are read off the graph itself."""
         import onnx
         import onnxruntime as ort
 
         model, self.emb_name, self.emb_dtype, self.feed_ids = embeddings_graph(Path(model_path),
                                                                                hidden_size)
-        self.past_names, self.hidden = list(past_names), hidden_size
-        self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
-        self.states = dict(states or {})
-        self.present_names += [n.replace("past_", "present_") for n in self.states]
-        self.empty = np.zeros((1, n_kv_heads, 0, head_dim), kv_dtype)
+        self.hidden = hidden_size
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         with tempfile.TemporaryDirectory(prefix="prefix-edge-soft-prompt-") as tmp:
@@ -125,7 +121,18 @@ class SoftPromptRunner:
             except Exception as e:
                 raise PrefixEdgeError(f"{model_path}: the soft-prompt copy of the graph does not "
                                       f"load: {str(e).splitlines()[0]}") from None
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.inputs = set(inputs)
+        self.past_names = sorted((n for n in inputs if n.startswith("past_key_values.")),
+                                 key=lambda n: (int(n.split(".")[1]), n.endswith("value")))
+        self.states = {n: (1, *(int(d) for d in inputs[n].shape[1:]))
+                       for n in sorted((n for n in inputs if n.startswith(("past_conv.", "past_ssm."))),
+                                       key=lambda n: (int(n.split(".")[1]), n))}
+        self.present_names = [n.replace("past_key_values.", "present.") for n in self.past_names]
+        self.present_names += [n.replace("past_", "present_") for n in self.states]
+        first = inputs[self.past_names[0]]
+        kv_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[first.type]
+        self.empty = np.zeros((1, int(first.shape[1]), 0, int(first.shape[3])), kv_dtype)
 
     def kv(self, emb: np.ndarray) -> list[np.ndarray]:
         """The KV of `emb` [V, hidden] at positions 0..V-1, one array per past name

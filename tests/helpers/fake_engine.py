@@ -47,6 +47,14 @@ def tokenizer(n_vocab: int = N_VOCAB, unknown: str | None = None) -> Tokenizer:
     return tok
 
 
+class Tokens(list):
+    """The fake's state (Prefix.state): the token ids at its positions (virtual ones too)."""
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * len(self)
+
+
 class FakeEngine(OneSequence):
     name = "fake"
     device = "cpu"
@@ -89,7 +97,7 @@ class FakeEngine(OneSequence):
 
     # -- the protocol ----------------------------------------------------------------------
     def seq_restore(self, seq: int, prefix: Prefix | None, keep: int | None = None) -> int:
-        state = [] if prefix is None else list(prefix.kv)
+        state = [] if prefix is None else list(prefix.state)
         if keep is not None:
             if not self.keeps_partial and keep != len(state):
                 raise PrefixEdgeError("cannot keep part of a state")
@@ -101,9 +109,7 @@ class FakeEngine(OneSequence):
         self.seqs[dst] = list(self.seqs.get(src, []))
 
     def seq_snapshot(self, seq: int, ids: np.ndarray, n_virtual: int = 0) -> Prefix:
-        state = list(self.seqs[seq])
-        return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
-                      checked_by=self, pin=False)
+        return Prefix(np.asarray(ids, np.int64), Tokens(self.seqs[seq]), n_virtual=n_virtual)
 
     def forward(self, items: list[tuple]) -> list[np.ndarray]:
         if self.gate is not None:
@@ -134,7 +140,7 @@ class FakeEngine(OneSequence):
         return out
 
     def kv_of(self, prefix: Prefix) -> KvLayers:
-        a = np.asarray(prefix.kv, np.int64).reshape(-1, 1, 1)
+        a = np.asarray(prefix.state, np.int64).reshape(-1, 1, 1)
         return KvLayers([a.copy()], [a.copy()])
 
     def seq_reserve(self, seq: int, positions: int) -> None:
@@ -146,9 +152,7 @@ class FakeEngine(OneSequence):
 
     def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
                   sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
-        state = [int(t) for t in kv.k[0].reshape(-1)]
-        return Prefix(np.asarray(ids, np.int64), state, {}, 8 * len(state), n_virtual=n_virtual,
-                      checked_by=self, pin=False)
+        return Prefix(np.asarray(ids, np.int64), Tokens(int(t) for t in kv.k[0].reshape(-1)), n_virtual=n_virtual)
 
     def seq_truncate(self, seq: int, pos: int) -> None:
         if not self.verifies:
@@ -176,16 +180,17 @@ class FakeEngine(OneSequence):
         self.closed = True
 
     # -- prefixes in and out ---------------------------------------------------------------
-    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix:
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False,
+                    lasting: bool = False) -> Prefix:
         if meta.get("backend", self.name) != self.name:
             raise PrefixEdgeError(f"{where}: prefix baked for the {meta['backend']!r} backend, not {self.name}")
         prefixfile.require(tensors, [prefixfile.IDS, STATE], where)
         ids = prefixfile.ids_of(tensors[prefixfile.IDS], where)
-        state = [int(t) for t in np.asarray(tensors[STATE]).reshape(-1)]
+        state = Tokens(int(t) for t in np.asarray(tensors[STATE]).reshape(-1))
         n_virtual = prefixfile.n_virtual(meta, where)
         if len(state) != n_virtual + len(ids) or any(not 0 <= t < self.n_vocab for t in state):
             raise PrefixEdgeError(f"{where}: the prefix state does not fit this engine")
-        return Prefix(ids, state, dict(meta), 8 * len(state), n_virtual=n_virtual, checked_by=self)
+        return Prefix(ids, state, dict(meta), n_virtual=n_virtual)
 
     def load_prefix(self, path) -> Prefix:
         tensors, meta = prefixfile.read(path)
@@ -199,7 +204,7 @@ class FakeEngine(OneSequence):
         self.write_snapshot(path, self.seq_snapshot(self.single_seq, ids), metadata)
 
     def write_snapshot(self, path, prefix: Prefix, metadata: dict[str, str], mac_key: bytes | None = None) -> None:
-        prefixfile.write(path, prefix.ids, {STATE: np.asarray(prefix.kv, np.int64)},
+        prefixfile.write(path, prefix.ids, {STATE: np.asarray(prefix.state, np.int64)},
                          {**metadata, "n_virtual": str(prefix.n_virtual), "backend": self.name}, mac_key)
 
     def snapshot_bytes(self, n_tokens: int) -> int:

@@ -32,7 +32,7 @@ class PrefixCache:
             return self._lru[task], True
         name = self.backend.name
         tensors, meta, path, checked = self.bundle.read_prefix(task, name, self.fingerprint, self.verify)
-        prefix = self.backend.prefix_from(tensors, meta, str(path), values_checked=checked)
+        prefix = self.backend.prefix_from(tensors, meta, str(path), values_checked=checked, lasting=True)
         self.bundle.check_prefix(task, path, prefix.metadata, prefix.n_tokens, prefix.n_virtual,
                                  self.fingerprint)
         if not checked and self.verify == "cached":
@@ -70,13 +70,10 @@ class PrefixCache:
                                                            self.verify))
 
     def info(self) -> dict:
-        """The prefixes held, their bytes (a fused ONNX graph's: the home buffers), and the
-        budget: `capacity` of the bundle's largest (the engine's prefix_bytes)."""
-        held = {}
-        for p in list(self._lru.values()):
-            home = p.home[1] if p.home is not None else None
-            held[id(home) if home is not None else id(p)] = home.nbytes if home is not None else p.nbytes
-        return {"entries": len(held), "capacity": self.capacity, "bytes": sum(held.values()),
+        """The prefixes held, their bytes (what their states hold: a fused ONNX graph's, the
+        home buffers), and the budget: `capacity` of the bundle's largest (the engine's prefix_bytes)."""
+        held = list(self._lru.values())
+        return {"entries": len(held), "capacity": self.capacity, "bytes": sum(p.nbytes for p in held),
                 "budget_bytes": self.capacity * self.largest}
 
     def clear(self) -> None:

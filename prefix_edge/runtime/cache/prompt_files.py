@@ -260,7 +260,6 @@ class PromptFiles:
         except Exception as e:  # noqa: BLE001 - a bad file is a miss, never a crash
             self._refuse(path, f"{path}: {_line(e)}")
             return None
-        prefix.checked_by, prefix.pin = self.backend, False
         self._touch(path)
         with self._lock:
             self.loads += 1

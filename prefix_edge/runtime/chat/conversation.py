@@ -216,7 +216,6 @@ class Conversation:
                 if prefix.n_tokens != n_pre + len(ids):
                     raise PrefixEdgeError(f"{where}: its KV holds {prefix.n_tokens} positions, its "
                                           f"prompt {n_pre + len(ids)}")
-                prefix.checked_by, prefix.pin = rt.backend, False
                 conv.kv_restored = rt.prompts.put(root, ids, cuts, prefix)
                 conv._last = (root, ids, cuts)
         return conv

@@ -1,30 +1,45 @@
-"""Prefix: a task prefix as loaded for one engine (its ids and the engine's KV state)."""
+"""Prefix: a sequence's state as data — a task's baked prefix, a prompt-cache entry, a saved
+conversation's — its token ids and its engine's own state.
+
+The state is a type of its engine's (llama.cpp: llama/state.py SeqBlob, the serialised sequence;
+ONNX: onnx/state.py KvArrays, per-layer arrays and recurrent states; StateLayout says which
+layers hold what). Everything above the engines sees only what `State` declares: the caches
+budget by its bytes, and read and write it through the engine's own calls (prefix_from /
+write_snapshot: the one codec, bundle/prefixfile.py, for bundles, the prompt cache's disk tier
+and saved conversations alike). What an engine keeps about a state (checked already, the buffer
+it lives in) lives in the engine, never on the Prefix.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 
-@dataclass
-class Prefix:
-    """A task prefix as loaded for one backend: its token ids and backend-specific KV state.
+class State(Protocol):
+    """What a Prefix's state shows above its engine."""
 
-    The KV covers positions 0..n_tokens-1: first `n_virtual` virtual tokens (a trained prefix;
+    @property
+    def nbytes(self) -> int: ...  # the host memory it holds
+
+
+@dataclass(eq=False)
+class Prefix:
+    """A state of positions 0..n_tokens-1: first `n_virtual` virtual tokens (a trained prefix;
     they have no ids), then the text tokens `ids`."""
 
     ids: np.ndarray  # int64 [n_tokens - n_virtual]: the text part
-    kv: Any
-    metadata: dict[str, str]
-    nbytes: int
+    state: State
+    metadata: dict[str, str] = field(default_factory=dict)
     n_virtual: int = 0
-    checked_by: Any = None  # the backend whose load_prefix already validated `kv`, if any
-    home: Any = None  # onnx fused graph: (backend ref, KV buffer whose first positions hold `kv`)
-    pin: bool = True  # onnx fused graph: may become a buffer's home (not a turn-cache snapshot)
 
     @property
     def n_tokens(self) -> int:
         """KV positions the prefix occupies (virtual + text)."""
         return self.n_virtual + len(self.ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.state.nbytes

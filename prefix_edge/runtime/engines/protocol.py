@@ -19,8 +19,11 @@ A composed request (compose.py) adds, between forwards: kv_of (a state as per-la
 arrays, runtime/engines/kv.py), seq_extend (positions' K/V appended to a sequence as data),
 seq_reserve (room for the positions it will hold) and seq_truncate; keys move with runtime/engines/kv.py. prefix_of is kv_of's way back.
 
-Around them: prefix_from / load_prefix (a prefix file's arrays checked and made the engine's
-Prefix), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
+A Prefix's state is the engine's own type (engines/prefix.py: llama/state.py SeqBlob,
+onnx/state.py KvArrays), made and read by the engine alone; what the engine keeps about one (walked
+already, the buffer it lives in) stays in the engine. Around them: prefix_from / load_prefix (a
+prefix file's arrays checked and made the engine's Prefix; `lasting`: a task's prefix, restored
+again and again, not a cache's entry), write_snapshot / save_prefix (the other way), state_info (what its prefixes depend on),
 seq_pos, close. Each engine builds itself from a bundle (Engine.from_bundle: its own options,
 context and cache sizes), so the runtime never asks which engine it holds.
 
@@ -209,7 +212,8 @@ class Engine(Protocol):
     def prefill_embeddings(self, emb: np.ndarray) -> np.ndarray: ...
 
     # -- prefixes in and out ----------------------------------------------------------------
-    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False) -> Prefix: ...
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False,
+                    lasting: bool = False) -> Prefix: ...
 
     def load_prefix(self, path: Path) -> Prefix: ...
 

@@ -13,7 +13,7 @@ re-rotates cached keys).
 A hybrid model (LFM2, Granite 4.0-H, Falcon-H1) keeps, beside its attention layers' KV, one
 recurrent state per sequence (the state after its last token): a prefix, snapshot or prompt-cache
 entry holds both and a restore puts both back; such a state cannot be cut back to an earlier
-position (keeps_partial is False). Prefix files and the state layout: prefix_files.py.
+position (keeps_partial is False). The state type, its format and prefix files: state.py.
 
 Soft prompts (PEFT prompt / P-tuning) are decoded from embeddings: `prefill_embeddings` sends
 float rows through a `llama_batch` made with `llama_batch_init(n, n_embd, 1)` (no token ids).
@@ -22,28 +22,30 @@ float rows through a `llama_batch` made with `llama_batch_init(n, n_embd, 1)` (n
 from __future__ import annotations
 
 import ctypes
+import weakref
 from pathlib import Path
 
 import numpy as np
 
+from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
 from ..cpu_share import cpu_share, lower_this_thread
 from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from .context import ContextSpec, batches_alike, grow, make_context
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
-from .prefix_files import BACKEND, PrefixFiles
+from .state import BACKEND, Layout, SeqBlob, StateFormat, read_layout
+from ..kv import KvLayers
 from ..overlap import native_load
 from ..prefix import Prefix
-from ....llamacpp.seqstate_write import in_stream, out_of_stream, row_bytes, unfold_window
+from ....llamacpp.seqstate_write import in_stream, out_of_stream, unfold_window
 
 
 WINDOW_CACHES = ("full", "window")  # EngineConfig.window_cache
 
 
-class LlamaBackend(PrefixFiles, OneSequence):
+class LlamaBackend(OneSequence):
     name = BACKEND
-    state_base_bytes = 0  # a state's bytes that do not grow with its cells (read_state_layout)
 
     def __init__(self, model_path: Path, device: str = "cpu", threads: int | None = None,
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
@@ -142,13 +144,18 @@ class LlamaBackend(PrefixFiles, OneSequence):
         self._copied: dict[int, int] = {}  # dst -> src of seq_copy not yet carried out by a decode
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
+        self._checked: weakref.WeakSet[SeqBlob] = weakref.WeakSet()  # states walked for this model
+        layout = Layout()
         if self.n_swa or hybrid or self.n_kv_heads == 0:  # the layout is read off a state of its own
-            self.read_state_layout(hybrid)
+            layout = read_layout(self, hybrid)
+            self.n_kv_heads = layout.n_kv_heads  # of the attention layers (llama.cpp: layer 0's)
+            if not layout.window:
+                self.n_swa = 0
+        self.format = StateFormat(self.n_layers, self.n_kv_heads, self.head_dim, self.head_dim_v, kv_type,
+                                  self.v_trans, self.kv_rotation, self.max_ctx_seq, self.n_vocab,
+                                  self.state_version, self.n_swa, layout)
         self.batches_sequences = batches_alike(self)
-        t = KV_TYPES[kv_type]
-        kv_layers = self.n_layers if self.kv_layers is None else self.kv_layers + self.swa_n_layer
-        self.bytes_per_cell = kv_layers * (row_bytes(t, self.n_kv_heads * self.head_dim) +
-                                           row_bytes(t, self.n_kv_heads * self.head_dim_v))
+        self.bytes_per_cell = self.format.bytes_per_cell
 
     def adopt_context(self) -> None:
         L = self._L
@@ -231,10 +238,7 @@ class LlamaBackend(PrefixFiles, OneSequence):
         """The sequence state as read off the model (and, for sliding-window and hybrid models,
         off a state of its own): the full-attention layers, llama.cpp's sliding-window cache
         (only the window's last cells of a state) and the recurrent layers."""
-        full = self.n_layers if self.kv_layers is None else self.kv_layers
-        return StateLayout(kv_layers=full, window_layers=self.swa_n_layer,
-                           window=self.n_swa if self.swa_n_layer else 0,
-                           recurrent_layers=self.recurrent_layers)
+        return self.format.state_layout
 
     @property
     def keeps_partial(self) -> bool:
@@ -251,15 +255,16 @@ class LlamaBackend(PrefixFiles, OneSequence):
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         if prefix is None:
             return 0
-        if prefix.checked_by is not self:  # nothing unchecked reaches llama.cpp
-            self._check(prefix)
+        if prefix.state not in self._checked:  # nothing unchecked reaches llama.cpp
+            self.format.check(prefix)
+            self._checked.add(prefix.state)
         self._copied.pop(seq, None)
         grow(self, prefix.n_tokens + 1)
-        blob, layout = prefix.kv, None
-        if self.state_parts == 2 and self._spec.swa_full:  # the window's cells where a prefill leaves them (context.py)
-            blob = unfold_window(blob, self.parse_state(blob))
-        if (self.state_parts == 2 or self.recurrent) and self.n_stream > 1:
-            layout = self.parse_state(blob)
+        fmt, blob, layout = self.format, prefix.state.blob, None
+        if fmt.parts == 2 and self._spec.swa_full:  # the window's cells where a prefill leaves them (context.py)
+            blob = unfold_window(blob, fmt.parse(blob))
+        if (fmt.parts == 2 or fmt.recurrent) and self.n_stream > 1:
+            layout = fmt.parse(blob)
         blob = in_stream(blob, seq, self.n_stream, layout)
         ptr = blob.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         n = L.llama_state_seq_set_data(self.ctx, ptr, blob.nbytes, seq)
@@ -294,9 +299,76 @@ class LlamaBackend(PrefixFiles, OneSequence):
         """Sequence `seq`'s KV now (all its positions), as a Prefix that seq_restore puts back
         into any sequence: a one-stream seq-state blob, like a baked prefix's."""
         blob = out_of_stream(self.raw_state(seq), seq if self.n_stream > 1 else 0, self.n_stream,
-                             self.state_parts, self.recurrent_layers)
-        return Prefix(np.asarray(ids, np.int64), blob, {}, blob.nbytes, n_virtual=n_virtual,
-                      checked_by=self)
+                             self.format.parts, self.format.recurrent_layers)
+        return self._mine(Prefix(np.asarray(ids, np.int64), SeqBlob(blob), {}, n_virtual=n_virtual))
+
+    def _mine(self, prefix: Prefix) -> Prefix:
+        """A prefix whose state this engine made or checked: restored without a second walk."""
+        self._checked.add(prefix.state)
+        return prefix
+
+
+    # -- prefixes in and out: the state's format (state.py) -------------------------------
+    def load_prefix(self, path: Path) -> Prefix:
+        """Read a prefix file through the codec (prefixfile.py) and check it for this model."""
+        tensors, meta = prefixfile.read(path, [prefixfile.STATE, prefixfile.IDS])
+        return self.prefix_from(tensors, meta, str(path), lasting=True)
+
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False,
+                    lasting: bool = False) -> Prefix:
+        """A Prefix from a prefix file's arrays, parsed and checked against this model before
+        anything reaches llama.cpp (its values walked unless `values_checked`)."""
+        return self._mine(self.format.read(tensors, meta, where, values_checked))
+
+    def read_prefix_ids(self, path: Path) -> np.ndarray:
+        return prefixfile.read_ids(path)
+
+    def prefix_bytes(self, n_tokens: int, file_bytes: int) -> int:
+        """The most host memory a loaded prefix holds: its state blob, read whole from its
+        file (which holds the blob, the ids and a header)."""
+        return file_bytes
+
+    def state_blob(self) -> bytes:
+        """The one-sequence API's state as a seq-state blob (after prefill of a prefix), checked."""
+        from ....llamacpp.seqstate import check_seq_state
+
+        blob = self.seq_snapshot(self.single_seq, np.zeros(self.pos, np.int64)).state.blob.tobytes()
+        check_seq_state(self.format.parse(blob), self.format.expected(self.pos))
+        return blob
+
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file."""
+        self.format.write(path, ids, self.state_blob(), metadata)
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str],
+                       mac_key: bytes | None = None) -> None:
+        """Write a Prefix (a seq_snapshot) as a prefix file, the codec's format."""
+        self.format.write(path, prefix.ids, prefix.state.blob, {**metadata, "n_virtual": str(prefix.n_virtual)},
+                          mac_key)
+
+    def snapshot_bytes(self, n_tokens: int) -> int:
+        return self.format.snapshot_bytes(n_tokens)
+
+    # -- KV as data (runtime/engines/kv.py) ----------------------------------------------------
+    def kv_of(self, prefix: Prefix) -> KvLayers:
+        return self.format.kv_of(prefix.state)
+
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
+        return self._mine(self.format.prefix_of(kv, ids, n_virtual, sliding, window))
+
+    def seq_reserve(self, seq: int, positions: int) -> None:
+        """Room for `positions` in every stream now (context.py grow), not at a decode."""
+        grow(self, positions)
+
+    def seq_extend(self, seq: int, kv: KvLayers) -> int:
+        """Append `kv`'s positions to sequence `seq` (keys already rotated for where they land);
+        its next position. llama.cpp sets a sequence's state whole: the state is read out,
+        extended and written back."""
+        n = self.seq_pos(seq)
+        have = self.kv_of(self.seq_snapshot(seq, np.zeros(n, np.int64))) if n else None
+        whole = kv if have is None else have.then(kv)
+        return self.seq_restore(seq, self.prefix_of(whole, np.zeros(whole.n, np.int64)))
 
     def raw_state(self, seq: int) -> np.ndarray:
         """Sequence `seq`'s state as llama.cpp writes it for this context (all its streams)."""

@@ -17,7 +17,7 @@ states after its last token (float32, `self.rec[seq]`), a restore puts them back
 be cut back to an earlier position (keeps_partial is False, as on llama.cpp). A Mamba2 graph's
 forward of many tokens runs in pieces of SSM_CHUNK.
 
-Prefix files (read, checked, written): prefix_files.py.
+The state type, its format and prefix files (read, checked, written): state.py.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
 from .sessions import Sessions
 from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
-from ..kv import hf_rope_layout
+from ..kv import KvLayers, hf_rope_layout
 from ..prefix import Prefix
 from .kv_buffer import GROW_MIN, KvBuffer, round_up
-from .kv_data import KvData
-from .prefix_files import PrefixFiles
+from .state import BACKEND, KvArrays, KvFormat
 
 SSM_CHUNK = 256  # tokens per graph run of a Mamba2 graph (its [heads, n, n] terms stay small)
 STATE_INPUTS = ("past_conv.", "past_ssm.")  # a hybrid's states: export/onnx_hybrid.py's names (export is above)
@@ -49,8 +49,8 @@ def available_devices() -> list[str]:
     return ["cpu"] + (["cuda"] if "CUDAExecutionProvider" in provs else [])
 
 
-class OnnxBackend(OneSequence, KvData, PrefixFiles):
-    name = "onnx"
+class OnnxBackend(OneSequence):
+    name = BACKEND
     single_seq = -1  # the one-sequence API's own sequence: never one of the scheduler's
     n_batch = None  # a forward runs its items one after another, each up to n_ctx tokens
     kv_cells_total = None  # no cache of cells: a sequence's buffers grow with it (kv_bytes)
@@ -86,7 +86,6 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         if device not in ("cpu", "cuda"):
             raise PrefixEdgeError(f"the onnx backend runs on 'cpu' or 'cuda', not {device!r}")
         self.device, self.n_ctx, self.threads = device, n_ctx, threads
-        self.prefix_store = prefix_store  # how save_prefix / write_snapshot store KV (prefixfile.KV_STORES)
         self.rope_layout = rope_layout  # the HF model's (the graph is built from it): runtime/engines/kv.py hf_rope_layout
         # the full session, and while the CPUs are contended a lean one (sessions.py)
         self._sessions = Sessions(Path(model_path), device, threads, verify, model_sha256,
@@ -139,7 +138,10 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.seqs: dict[int, tuple[list, int]] = {}
         self._spare: list[KvBuffer] = []  # buffers of freed sequences, reused (fused graph)
-        self._homes: list[tuple] = []  # (prefix ref, its home buffer): see _start
+        self._homes: list[tuple] = []  # (state ref, its home buffer): see _start
+        # what a state of this graph is; save_prefix / write_snapshot store KV as prefix_store
+        self.format = KvFormat(tuple(self.past_names), tuple(self.state_names), tuple(self.state_shapes),
+                               self.n_kv_heads, self.head_dim, self.kv_dtype, self.position_values, prefix_store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
@@ -164,7 +166,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         zeros (no token yet: the causal conv's own zero padding)."""
         if prefix is None:
             return [np.zeros(s, np.float32) for s in self.state_shapes]
-        return [np.array(a, np.float32) for a in prefix.kv[len(self.past_names):]]
+        return [np.array(a, np.float32) for a in prefix.state.states]
 
     def _start(self, prefix: Prefix | None, keep: int | None = None) -> tuple:
         """A new sequence's (past, position): the prefix's KV or none.
@@ -180,29 +182,29 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
                                       "layers hold only the state after the last one")
             if keep < 0:
                 raise PrefixEdgeError(f"cannot keep {keep} of a state's {n} positions")
-            kv = [t[:, :, :keep] for t in prefix.kv]
-            prefix, n = Prefix(prefix.ids[:max(0, keep - prefix.n_virtual)], kv, {}, 0,
-                               n_virtual=min(prefix.n_virtual, keep), checked_by=self, pin=False), keep
+            kv = [t[:, :, :keep] for t in prefix.state.kv]
+            prefix, n = Prefix(prefix.ids[:max(0, keep - prefix.n_virtual)], KvArrays(kv),
+                               n_virtual=min(prefix.n_virtual, keep)), keep
+        state = prefix.state if prefix is not None else None
         if self.fused:
-            home = prefix.home if prefix is not None and prefix.home is not None and \
-                prefix.home[0]() is self else None
+            home = state.home if state is not None and state.home is not None and \
+                state.home[0]() is self else None
             if home is not None and not home[1].busy:
                 home[1].busy = True
                 return home[1], n
-            homing = prefix is not None and prefix.home is None and prefix.pin
+            homing = state is not None and state.home is None and state.lasting
             buf = self._buffer(min(self.n_ctx, round_up(n + GROW_MIN)),
                                most=self._home_positions(n) if homing else None)
-            if prefix is not None:
-                for a, kv in zip(buf.arrays, prefix.kv):
+            if state is not None:
+                for a, kv in zip(buf.arrays, state.kv):
                     a[:, :, :n] = kv
                 if homing:
-                    prefix.home = (weakref.ref(self), buf)
-                    # the loaded KV arrays go (the recurrent states stay: a forward replaces them)
-                    prefix.kv = [a[:, :, :n] for a in buf.arrays] + prefix.kv[len(buf.arrays):]
-                    self._homes.append((weakref.ref(prefix), buf))
+                    state.home = (weakref.ref(self), buf)
+                    state.kv = [a[:, :, :n] for a in buf.arrays]  # the loaded KV arrays go
+                    self._homes.append((weakref.ref(state), buf))
             return buf, n
-        if prefix is not None:
-            return list(prefix.kv), n
+        if state is not None:
+            return list(state.kv), n
         empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
         return [empty] * len(self.past_names), 0
 
@@ -233,11 +235,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
         """The most host memory a loaded prefix of n_tokens positions holds (its arrays, or
         the fused graph's home buffer of it)."""
         return self.position_bytes() * (self._home_positions(n_tokens) if self.fused else n_tokens) + \
-            self.state_bytes()
-
-    def state_bytes(self) -> int:
-        """Bytes of a sequence's recurrent states (a hybrid's; fixed, whatever its length)."""
-        return sum(4 * int(np.prod(s)) for s in self.state_shapes)
+            self.format.state_bytes()
 
     def memory_info(self) -> dict[str, dict]:
         """kv_spares: freed KV buffers kept for reuse, their bytes and the bound (SPARE_BYTES,
@@ -302,9 +300,86 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
             kv = [a[:, :, :pos].copy() for a in past.arrays]
         else:
             kv = [np.array(v if isinstance(v, np.ndarray) else v.numpy()) for v in past]
-        kv += [a.copy() for a in self.rec.get(seq, [])]
-        return Prefix(np.asarray(ids, np.int64), kv, {}, sum(t.nbytes for t in kv),
-                      n_virtual=n_virtual, checked_by=self, pin=False)
+        return Prefix(np.asarray(ids, np.int64), KvArrays(kv, [a.copy() for a in self.rec.get(seq, [])]),
+                      n_virtual=n_virtual)
+
+    # -- prefixes in and out: the state's format (state.py) -------------------------------
+    def load_prefix(self, path: Path) -> Prefix:
+        """Read a prefix file through the codec (prefixfile.py) and check it for this graph."""
+        tensors, meta = prefixfile.read(path)
+        return self.prefix_from(tensors, meta, str(path), lasting=True)
+
+    def prefix_from(self, tensors: dict, meta: dict, where: str, values_checked: bool = False,
+                    lasting: bool = False) -> Prefix:
+        """A Prefix from a prefix file's arrays, checked against this graph (lasting: a task's
+        prefix, which may take a KV buffer as its home; state.py KvArrays)."""
+        return self.format.read(tensors, meta, where, values_checked, lasting)
+
+    def read_prefix_ids(self, path: Path) -> np.ndarray:
+        return prefixfile.read_ids(path)
+
+    def state_info(self) -> dict:
+        """What restoring a prefix depends on beyond the model files (recorded in the manifest)."""
+        return {}
+
+    @property
+    def kv_dtype_name(self) -> str:
+        return np.dtype(self.kv_dtype).name
+
+    def save_prefix(self, path: Path, ids: np.ndarray, metadata: dict[str, str]) -> None:
+        """Write the current sequence (a prefilled prefix) as a prefix file."""
+        state = self.seq_snapshot(self.single_seq, ids).state
+        self.format.write(path, ids, state.kv, state.states, metadata)
+
+    def write_snapshot(self, path: Path, prefix: Prefix, metadata: dict[str, str],
+                       mac_key: bytes | None = None) -> None:
+        self.format.write(path, prefix.ids, prefix.state.kv, prefix.state.states,
+                          {**metadata, "n_virtual": str(prefix.n_virtual)}, mac_key)
+
+    def snapshot_bytes(self, n_tokens: int) -> int:
+        return self.format.snapshot_bytes(n_tokens)
+
+    # -- KV as data (runtime/engines/kv.py) ----------------------------------------------------
+    def kv_of(self, prefix: Prefix) -> KvLayers:
+        return self.format.kv_of(prefix.state)
+
+    def prefix_of(self, kv: KvLayers, ids: np.ndarray, n_virtual: int = 0,
+                  sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
+        """The inverse of kv_of; the own graph caches every position of every layer, sliding
+        ones too: `sliding` and `window` change nothing here."""
+        return self.format.prefix_of(kv, ids, n_virtual)
+
+    def seq_reserve(self, seq: int, positions: int) -> None:
+        """Room for `positions` in `seq` before it needs them: a fused buffer of that capacity
+        now (a spare one if any fits), one copy instead of one per growth."""
+        past, pos = self.seqs[seq]
+        if self.fused and positions > past.capacity:
+            old = past
+            self.seqs[seq] = (old.resized(pos, self._buffer(min(self.n_ctx, round_up(positions)))), pos)
+            self._recycle(old)
+
+    def seq_extend(self, seq: int, kv: KvLayers) -> int:
+        """Append `kv`'s positions to sequence `seq` as they are (keys already rotated for where
+        they land); its next position. A fused buffer is written in place (grown if needed)."""
+        past, pos = self.seqs[seq]
+        end = pos + kv.n
+        if end > self.n_ctx:
+            raise PrefixEdgeError(f"sequence {seq} would hold {end} positions, over n_ctx={self.n_ctx}")
+        if self.fused:
+            if end > past.capacity:
+                old = past
+                past = old.resized(pos, self._buffer(min(self.n_ctx, round_up(max(end + GROW_MIN,
+                                                                                  2 * old.capacity)))))
+                self._recycle(old)
+            for i, (k, v) in enumerate(zip(kv.k, kv.v)):
+                past.arrays[2 * i][0, :, pos:end] = k.transpose(1, 0, 2)
+                past.arrays[2 * i + 1][0, :, pos:end] = v.transpose(1, 0, 2)
+        else:
+            new = [a.transpose(1, 0, 2)[None].astype(self.kv_dtype) for pair in zip(kv.k, kv.v) for a in pair]
+            past = [np.concatenate([np.asarray(p if isinstance(p, np.ndarray) else p.numpy()), a], axis=2)
+                    for p, a in zip(past, new)]
+        self.seqs[seq] = (past, end)
+        return end
 
     def kv_bytes(self) -> int:
         """Bytes of KV the sequences hold: a fused graph's buffers at their capacity; arrays
@@ -316,7 +391,7 @@ class OnnxBackend(OneSequence, KvData, PrefixFiles):
                     seen.add(id(t))
                     total += t.nbytes if isinstance(t, np.ndarray) else \
                         int(np.prod(t.shape())) * np.dtype(self.kv_dtype).itemsize
-        return total + len(self.seqs) * self.state_bytes()
+        return total + len(self.seqs) * self.format.state_bytes()
 
     def seq_free(self, seq: int) -> None:
         if seq in self.seqs:
