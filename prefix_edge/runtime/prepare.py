@@ -20,7 +20,7 @@ from .decode.sampling import Sampler
 from .scheduler import Call, Request
 from .stream import Result, Stats
 from .decode.constraint import Grammars
-from .documents.block import check_documents, module, with_documents
+from .documents.plan import DocumentPlan, plan_documents
 from .cache.prompts import MIN_TEXT_TOKENS
 from .engines.kv import Rope
 from .engines.protocol import PREFILL_CHUNK
@@ -268,7 +268,8 @@ class Requests:
             raise PrefixEdgeError("tools go with messages (a conversation), not text", param="tools")
         opts = self._tool_options(task, overrides, tools)
         constrain = self._flag(overrides, "use_constraint", True)
-        docs = check_documents(overrides.get("documents"))  # documents/block.py: rendered into the input
+        docs = plan_documents(overrides.get("documents"), opts["compose_documents"], opts["compose_recompute"],
+                              lambda items: messages is not None and self._native_documents(task, messages, tools, items))
         cuts: tuple[int, ...] = ()
         if messages is None and isinstance(text, (list, tuple, np.ndarray)):  # token ids, as given
             if docs:
@@ -281,22 +282,22 @@ class Requests:
             check_text(text, "the input")
             if not text.strip():
                 raise PrefixEdgeError("the input is empty: nothing to generate from", param="text")
-            text, _ = with_documents(docs, text, None)
+            text = docs.around_text(text) if docs else text
             ids = self.encode_input(task, text, raw_special_tokens=raw)
-        elif self._native_documents(task, messages, tools, docs):  # the template's own section
-            ids, cuts, _ = self.chat_input(task, messages, tools, documents=docs)
+        elif docs.native:  # the template's own section
+            ids, cuts, _ = self.chat_input(task, messages, tools, documents=docs.given)
         else:
-            _, messages = with_documents(docs, None, messages, task is not None and
-                                         (tools is None or tools.choice == "none" or not self._chat(task)))
+            if docs:
+                messages = docs.into_messages(messages, task is not None and
+                                              (tools is None or tools.choice == "none" or not self._chat(task)))
             ids, cuts, _ = self.chat_input(task, messages, tools)
         if read_ahead:  # up to the reply's end: the last cut (the placeholder message after it)
             if not cuts or docs:
                 raise PrefixEdgeError("nothing to read ahead: the template gives no cut at the reply's end")
             ids, cuts = ids[:cuts[-1]], tuple(cuts[:-1])
         compose = None
-        if docs and opts["compose_documents"]:  # documents/compose.py: opt-in, not exact
-            compose = self._composition(task, text, messages, docs, tools, opts["compose_recompute"], use_cache,
-                                        scope)
+        if docs.compose:  # documents/compose.py: opt-in, not exact
+            compose = self._composition(task, text, messages, docs, tools, use_cache, scope)
             if compose is not None:
                 compose, ids, cuts = compose[0], compose[1], ()
         P = self.manifest.tasks[task].positions(use_cache) if task is not None else 0
@@ -356,7 +357,7 @@ class Requests:
         return Request(call, self._sampler(opts, constrain, tools), TextStream(self.tokenizer, list(opts["stop"])),
                        snapshot=snapshot, midpoint=midpoint, compose=compose)
 
-    def _composition(self, task, text, messages, docs, tools, k: int, use_cache: bool, scope: str = ""):
+    def _composition(self, task, text, messages, docs: DocumentPlan, tools, use_cache: bool, scope: str = ""):
         """(Composition, the tail ids) of a composed request, or None where its documents cannot
         be told apart in the prompt (a text that spells a special token, a template that
         changes them): it is then prefilled, exact. A model whose keys cannot move: refused."""
@@ -367,13 +368,12 @@ class Requests:
             raise OptionError("compose_documents", "compose_documents: this model's documents cannot be "
                                                    f"composed ({why or 'its state cannot be cut back'}); "
                                                    "leave it false")
-        native = messages is not None and self._native_documents(task, messages, tools, docs)
-        mods = tuple(d["text"] if native else module(d) for d in docs)
+        mods = docs.modules
         info = self.manifest.tasks[task] if task is not None else None
         if messages is not None and not self._task_input(task, messages, tools):
             room = self.n_ctx - (info.prefix_tokens if info is not None else 0)
             p = self.chat_renderer.prompt(task, info, check_messages(messages), room, tools, pieces=mods,
-                                          documents=docs if native else None)
+                                          documents=docs.given)
             ids, spans = p.ids, p.spans
         else:
             user = text if messages is None else messages[0]["content"]
@@ -393,8 +393,8 @@ class Requests:
         for a, b in spans:
             pieces.append(Piece(ids[at:a], ids[a:b], document_key(root, head, ids[a:b])))
             at = b
-        c = Composition(head, pieces, self.documents, self._rope, k, self.prefill_chunk,
-                        composition_key(root, head, pieces, k))
+        c = Composition(head, pieces, self.documents, self._rope, docs.recompute, self.prefill_chunk,
+                        composition_key(root, head, pieces, docs.recompute))
         return c, ids[at:]
 
     @functools.cached_property

@@ -16,7 +16,7 @@ The rendered prompt is then an ordinary prompt: prefilled, or served from the ex
 cache (cache/prompts.py) when the same documents come again — exact, a hit equals a miss.
 A conversation on a model whose chat template has a documents section of its own (it reads
 `documents`, as HF's apply_chat_template(documents=...) passes them) gets them there instead
-(prepare.py `_native_documents`).
+(decided once at the call: plan.py, asking prepare.py `_native_documents`).
 
 `compose_documents=True` (opt-in, not exact; documents/compose.py): the same block, each document's own
 text (`module`: its title line and text) tokenized on its own, its KV computed once and
