@@ -166,7 +166,7 @@ def test_test_modules_share_helpers_not_each_other():
 # caches, the caches below decoding, decoding below the scheduler, the scheduler below the
 # call's preparation and the Runtime); a module or package new in runtime/ must be placed here
 RUNTIME_ROOMS = ["engines", "cache", "decode", "scheduler", "stream", "documents", "chat",
-                 "embedding", "prepare", "runtime", "__init__"]
+                 "embedding", "prepare", "tasks", "runtime", "__init__"]
 
 
 def test_runtime_rooms_follow_their_order():

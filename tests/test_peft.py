@@ -333,7 +333,7 @@ def test_leading_special_tokens_go_after_the_virtual_part():
     first (as llama.cpp and transformers read the prompt); a chat task's template writes its own."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from prefix_edge.export.bake import leading_special_ids, prefix_ids
+    from prefix_edge.tasks import leading_special_ids, prefix_ids
     from prefix_edge.tasks import RenderedTask
 
     tok = Tokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2, "[UNK]": 3}, unk_token="[UNK]"))

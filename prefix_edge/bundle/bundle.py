@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import PrefixEdgeError
+from ..errors import PrefixEdgeError, warn
 from . import prefixfile
+from .created import STORE_DIR, CreatedTask, TaskStore
 from .layout import MANIFEST, confined
 from .manifest import BackendInfo, Manifest
 from .verify import file_hashes, passed, remember_pass, sha256_file
@@ -23,18 +24,67 @@ MODEL_SUFFIX = {"onnx": ".onnx", "gguf": ".gguf"}
 
 
 class Bundle:
-    def __init__(self, root: Path, manifest: Manifest):
+    def __init__(self, root: Path, manifest: Manifest, task_store: str | Path | None = None):
         self.root, self.manifest = Path(root), manifest
+        # tasks created at run time (created.py): the store's, by name, in manifest.tasks too
+        self.store = TaskStore(Path(task_store) if task_store is not None else self.root / STORE_DIR, manifest)
+        self.created: dict[str, CreatedTask] = {}
+        self.exported = frozenset(manifest.tasks)  # the tasks export made
 
     @classmethod
-    def open(cls, path: str | Path | None = None) -> "Bundle":
-        """The bundle at `path` (None: the default bundle), its manifest read and checked."""
+    def open(cls, path: str | Path | None = None, task_store: str | Path | None = None) -> "Bundle":
+        """The bundle at `path` (None: the default bundle), its manifest read and checked, and
+        the tasks created for it (in `task_store`, default the bundle's `created/`), each
+        checked; a damaged one is left out with a warning line."""
         from ..paths import default_bundle
 
         root = Path(path) if path is not None else default_bundle()
         if path is None and not (root / MANIFEST).is_file():
             raise PrefixEdgeError(f"no default bundle at {root}; create it with: prefix-edge export")
-        return cls(root, Manifest.read(root))
+        bundle = cls(root, Manifest.read(root), task_store)
+        for problem in bundle.load_created():
+            warn(f"{problem}; left out")
+        return bundle
+
+    # -- created tasks (created.py) -------------------------------------------------------
+    def load_created(self) -> list[str]:
+        """Read the store's tasks into the bundle; one line per task refused."""
+        tasks, problems = self.store.read()
+        for name, task in tasks.items():
+            why = self.created_problem(name)
+            if why is not None and name not in self.created:
+                problems.append(f"created task '{name}': {why}")
+                continue
+            self.add_created(task)
+        return problems
+
+    def created_problem(self, name: str) -> str | None:
+        """Why `name` cannot be a created task's (a clash with one of the bundle's, whose names
+        differ from it in case only too), or None."""
+        from ..tasks import task_name_problem
+
+        problem = task_name_problem(name)
+        if problem:
+            return problem
+        clash = next((t for t in self.exported if t.casefold() == name.casefold()), None)
+        if clash is not None:
+            return f"the bundle has a task {clash!r} already (exported tasks cannot be replaced)"
+        return None
+
+    def add_created(self, task: CreatedTask) -> None:
+        self.created[task.name] = task
+        self.manifest.tasks[task.name] = task.info
+
+    def drop_created(self, name: str) -> None:
+        self.manifest.tasks.pop(name, None)
+        self.created.pop(name, None)
+
+    def task_file(self, task: str, rel: str) -> Path:
+        """A task's file: the bundle's, or a created task's in its folder (confined to it)."""
+        created = self.created.get(task)
+        if created is not None:
+            return confined(created.folder, rel, f"created task '{task}'")
+        return self.path(rel, f"task '{task}'")
 
     def __repr__(self) -> str:
         return f"Bundle({str(self.root)!r})"
@@ -124,11 +174,11 @@ class Bundle:
             raise PrefixEdgeError(
                 f"task '{task}': the manifest records its prefix as baked for another model "
                 f"(fingerprint {entry.fingerprint[:12]} vs {fingerprint[:12]}); re-export the bundle")
-        path = self.path(entry.file, f"task '{task}'")
+        path = self.task_file(task, entry.file)
         if not path.is_file():
             raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} is missing from the bundle")
-        if path.stat().st_size != entry.bytes or \
-                file_hashes(self.root, [entry.file], verify)[entry.file] != entry.sha256:
+        root, rel = path.parent, path.name
+        if path.stat().st_size != entry.bytes or file_hashes(root, [rel], verify)[rel] != entry.sha256:
             raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} does not match its manifest "
                                   "entry (corrupt, replaced or edited); re-export the bundle")
         return path
@@ -140,15 +190,14 @@ class Bundle:
         what it loaded."""
         path = self.prefix_file(task, backend, fingerprint, verify)
         tensors, meta = prefixfile.read(path)
-        rel = self.manifest.tasks[task].prefixes[backend].file
-        checked = verify == "cached" and passed(self.root, rel, f"{backend}:{fingerprint}")
+        checked = verify == "cached" and passed(path.parent, path.name, f"{backend}:{fingerprint}")
         return tensors, meta, path, checked
 
     def prefix_passed(self, task: str, backend: str, fingerprint: str) -> None:
         """Remember that the task's prefix file passed every check for this model (its stat
         identity and hash with it), so the next load skips the engine's walk of its values."""
-        rel = self.manifest.tasks[task].prefixes[backend].file
-        remember_pass(self.root, rel, f"{backend}:{fingerprint}")
+        path = self.task_file(task, self.manifest.tasks[task].prefixes[backend].file)
+        remember_pass(path.parent, path.name, f"{backend}:{fingerprint}")
 
     def check_prefix(self, task: str, path: Path, meta: dict[str, str], n_tokens: int, n_virtual: int,
                      fingerprint: str) -> None:
@@ -170,7 +219,7 @@ class Bundle:
             return np.asarray(src, np.int64)
         prefixes = self.manifest.tasks[task].prefixes
         entry = prefixes[backend] if backend else next(iter(prefixes.values()))
-        return prefixfile.read_ids(self.path(entry.file, f"task '{task}'"))
+        return prefixfile.read_ids(self.task_file(task, entry.file))
 
     # -- everything -----------------------------------------------------------------------
     def verify_all(self) -> list[dict]:
@@ -178,8 +227,9 @@ class Bundle:
         file, {file, kind, bytes, status ("ok" or "FAIL"), detail}."""
         m, rows = self.manifest, []
 
-        def check(rel: str, kind: str, want_sha: str, want_bytes: int | None = None) -> str | None:
-            p = self.path(rel)
+        def check(rel: str, kind: str, want_sha: str, want_bytes: int | None = None,
+                  p: Path | None = None) -> str | None:
+            p = p if p is not None else self.path(rel)
             row = {"file": rel, "kind": kind, "bytes": p.stat().st_size if p.is_file() else 0,
                    "status": "ok", "detail": ""}
             rows.append(row)
@@ -205,13 +255,22 @@ class Bundle:
             if fps[name] != b.fingerprint:
                 rows.append({"file": MANIFEST, "kind": f"fingerprint ({name})", "bytes": 0,
                              "status": "FAIL", "detail": "recomputed fingerprint differs"})
+        for problem in self.store.read()[1]:  # created tasks left out at open
+            rows.append({"file": str(self.store.root), "kind": "created task", "bytes": 0, "status": "FAIL",
+                         "detail": problem})
         for task, t in sorted(m.tasks.items()):
             for backend, e in sorted(t.prefixes.items()):
-                if check(e.file, f"prefix {task} ({backend})", e.sha256, e.bytes) is None:
+                path = self.task_file(task, e.file)
+                shown = e.file if task not in self.created else str(path)
+                kind = f"{'created ' if task in self.created else ''}prefix {task} ({backend})"
+                if check(shown, kind, e.sha256, e.bytes, path) is None:
                     continue
                 row = rows[-1]
+                if backend not in fps:
+                    row.update(status="FAIL", detail=f"the bundle has no {backend} model")
+                    continue
                 try:
-                    meta = prefixfile.metadata(self.root / e.file)
+                    meta = prefixfile.metadata(path)
                 except Exception as ex:  # PrefixEdgeError: one line
                     row.update(status="FAIL", detail=f"unreadable: {str(ex).splitlines()[0]}")
                     continue

@@ -56,8 +56,7 @@ def check_manifest_dict(d: dict, path: Path) -> None:
 
 
 def _check(d: dict) -> None:
-    from ..options import FIELDS, check as check_options
-    from ..tasks import case_collision, task_name_problem
+    from ..tasks import case_collision
 
     _fields(d, "manifest", {"model": _dict, "tokenizer": _dict, "backends": _dict, "tasks": _dict,
                             "created_by": _str, "format": _str, "format_version": _int,
@@ -92,36 +91,52 @@ def _check(d: dict) -> None:
     if clash:
         raise _Bad(f"tasks {clash[0]!r} and {clash[1]!r} differ only in case")
     for name, t in d["tasks"].items():
-        where = f"tasks.{name}"
-        problem = task_name_problem(name)
-        if problem:
-            raise _Bad(f"{where}: {problem}")
-        positions = t["prefix_tokens"] if isinstance(t, dict) and _int(t.get("prefix_tokens")) else 0
-        _fields(t, where, {
-            "kind": lambda v: v in ("text", "peft"), "chat": lambda v: isinstance(v, bool),
-            "prefix_tokens": lambda v: _int(v, 0, m["n_ctx"]), "input_before": _str,
-            "input_after": _str, "template": lambda v: _str(v) and v.count("{input}") >= 1,
-            "defaults": _dict, "prefixes": _dict, "n_virtual": lambda v: _int(v, 0, positions),
-            "adapter": lambda v: v is None or isinstance(v, dict),
-            "chat_messages": lambda v: v is None or (isinstance(v, list) and all(
-                isinstance(x, dict) and set(x) == {"role", "content"} and _str(x["role"])
-                and _str(x["content"]) for x in v)),
-            "compression": lambda v: v is None or _compression(v, positions, m["vocab_size"])},
-            optional={"n_virtual", "adapter", "chat_messages", "compression"})
-        bad = sorted(set(t["defaults"]) - set(FIELDS))
-        if bad:
-            raise _Bad(f"{where}.defaults.{bad[0]} is not a generation option")
-        try:
-            check_options(t["defaults"])
-        except PrefixEdgeError as e:
-            raise _Bad(f"{where}.defaults: {e}") from None
-        if not t["prefixes"]:
-            raise _Bad(f"{where}.prefixes is empty")
-        for b, p in t["prefixes"].items():
-            if b not in d["backends"]:
-                raise _Bad(f"{where}.prefixes.{b}: the bundle has no {b} backend")
-            _fields(p, f"{where}.prefixes.{b}", {"file": _str, "sha256": _hex,
-                                                  "bytes": lambda v: _int(v, 1), "fingerprint": _hex})
+        _task(name, t, f"tasks.{name}", m, d["backends"])
+
+
+def check_task_dict(name: str, t: Any, where: str, model: dict, backends: dict) -> None:
+    """One task's entry, as the manifest spells it, checked for a model and its backends (a
+    task created at run time: bundle/created.py); one PrefixEdgeError line naming the field."""
+    try:
+        _task(name, t, where, model, backends)
+    except _Bad as e:
+        raise PrefixEdgeError(str(e)) from None
+
+
+def _task(name: str, t: Any, where: str, m: dict, backends: dict) -> None:
+    from ..options import FIELDS, check as check_options
+    from ..tasks import task_name_problem
+
+    problem = task_name_problem(name)
+    if problem:
+        raise _Bad(f"{where}: {problem}")
+    positions = t["prefix_tokens"] if isinstance(t, dict) and _int(t.get("prefix_tokens")) else 0
+    _fields(t, where, {
+        "kind": lambda v: v in ("text", "peft"), "chat": lambda v: isinstance(v, bool),
+        "prefix_tokens": lambda v: _int(v, 0, m["n_ctx"]), "input_before": _str,
+        "input_after": _str, "template": lambda v: _str(v) and v.count("{input}") >= 1,
+        "defaults": _dict, "prefixes": _dict, "n_virtual": lambda v: _int(v, 0, positions),
+        "adapter": lambda v: v is None or isinstance(v, dict),
+        "chat_messages": lambda v: v is None or (isinstance(v, list) and all(
+            isinstance(x, dict) and set(x) == {"role", "content"} and _str(x["role"])
+            and _str(x["content"]) for x in v)),
+        "compression": lambda v: v is None or _compression(v, positions, m["vocab_size"]),
+        "prefix_sha256": lambda v: v is None or _hex(v)},
+        optional={"n_virtual", "adapter", "chat_messages", "compression", "prefix_sha256"})
+    bad = sorted(set(t["defaults"]) - set(FIELDS))
+    if bad:
+        raise _Bad(f"{where}.defaults.{bad[0]} is not a generation option")
+    try:
+        check_options(t["defaults"])
+    except PrefixEdgeError as e:
+        raise _Bad(f"{where}.defaults: {e}") from None
+    if not t["prefixes"]:
+        raise _Bad(f"{where}.prefixes is empty")
+    for b, p in t["prefixes"].items():
+        if b not in backends:
+            raise _Bad(f"{where}.prefixes.{b}: the bundle has no {b} backend")
+        _fields(p, f"{where}.prefixes.{b}", {"file": _str, "sha256": _hex,
+                                              "bytes": lambda v: _int(v, 1), "fingerprint": _hex})
 
 
 def _compression(v, positions: int, vocab: int) -> bool:

@@ -79,6 +79,10 @@ class TaskInfo:
     # a compressed prefix (export --compress-prefix): method, ratio, source_tokens, kept_tokens,
     # kept (positions of the source prefix), source_ids, reconstruction_agreement
     compression: dict[str, Any] | None = None
+    # sha256 of the prefix's text ids (int64): two tasks of one name whose prefix text differs
+    # differ in their digest (and the caches' keys: runtime/prepare.py cache_root); None in
+    # bundles made before it (their tasks are fixed by their bundle)
+    prefix_sha256: str | None = None
 
     @property
     def source_ids(self) -> list[int] | None:
@@ -97,6 +101,18 @@ class TaskInfo:
         if not self.compression:
             return None
         return {k: v for k, v in self.compression.items() if k not in ("kept", "source_ids")}
+
+
+def task_digest(name: str, info: TaskInfo) -> str:
+    """What a task's answers depend on besides the model: everything in its manifest entry
+    but the prefix files themselves (Manifest.task_digest; a created task's before it is in one)."""
+    d = asdict(info)
+    d.pop("prefixes")
+    for key in ("chat_messages", "compression", "prefix_sha256"):  # fields newer than format 2:
+        if d.get(key) is None:                                     # in the digest once set
+            d.pop(key, None)
+    d = json.loads(json.dumps({"task": name, **d}))  # as the manifest file spells it
+    return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass
@@ -135,13 +151,7 @@ class Manifest:
     def task_digest(self, task: str) -> str:
         """What a task's answers depend on besides the model: everything in its manifest entry
         but the prefix files themselves. Baked into each of its prefix files' metadata."""
-        d = asdict(self.tasks[task])
-        d.pop("prefixes")
-        for key in ("chat_messages", "compression"):  # fields newer than format 2: in the digest
-            if d.get(key) is None:                    # once set
-                d.pop(key, None)
-        d = json.loads(json.dumps({"task": task, **d}))  # as the manifest file spells it
-        return hashlib.sha256(json.dumps(d, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+        return task_digest(task, self.tasks[task])
 
     def prefix_problem(self, task: str, meta: dict[str, str], fingerprint: str) -> str | None:
         """Why a prefix file with metadata `meta` is not `task`'s for a model of `fingerprint`

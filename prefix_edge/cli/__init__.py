@@ -11,7 +11,7 @@ from .app import app
 
 
 def _register() -> None:
-    from . import bench, distill, doctor, eval, export, inspect, run, serve, train, verify  # noqa: F401  (each module adds its commands to `app`)
+    from . import bench, distill, doctor, eval, export, inspect, run, serve, task, train, verify  # noqa: F401  (each module adds its commands to `app`)
 
 
 def main(argv: list[str] | None = None) -> None:

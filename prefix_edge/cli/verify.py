@@ -11,11 +11,11 @@ import typer
 from .app import app
 
 
-def verify_bundle(root: Path | None) -> tuple[Path, list[dict]]:
-    """The bundle's root and one row per file (Bundle.verify_all)."""
+def verify_bundle(root: Path | None, task_store: Path | None = None) -> tuple[Path, list[dict]]:
+    """The bundle's root and one row per file (Bundle.verify_all), created tasks' too."""
     from ..bundle import Bundle
 
-    bundle = Bundle.open(root)
+    bundle = Bundle.open(root, task_store)
     return bundle.root, bundle.verify_all()
 
 
@@ -23,10 +23,11 @@ def verify_bundle(root: Path | None) -> tuple[Path, list[dict]]:
 def verify(
     bundle: Optional[Path] = typer.Argument(None, help="Bundle dir (default bundle when omitted)."),
     as_json: bool = typer.Option(False, "--json"),
+    task_store: Optional[Path] = typer.Option(None, "--task-store", help="Where created tasks are kept (default: the bundle's created/)."),
 ) -> None:
     """Re-hash every file of a bundle against its manifest and check every prefix file's
-    fingerprint and task; exit 1 if anything fails."""
-    root, rows = verify_bundle(bundle)
+    fingerprint and task (tasks created at run time too); exit 1 if anything fails."""
+    root, rows = verify_bundle(bundle, task_store)
     bad = [r for r in rows if r["status"] != "ok"]
     if as_json:
         typer.echo(json.dumps({"bundle": str(root), "ok": not bad, "files": rows}, indent=1))

@@ -188,7 +188,8 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     from ..runtime.decode.constraint import check_task_defaults
     from ..runtime.engines import open_backend
     from ..runtime.engines.kv import hf_rope_layout
-    from .bake import bake, prefix_ids
+    from .bake import bake
+    from ..tasks import ids_sha256, prefix_ids
     from .gguf_source import adopt_engine_shape, check_rope, read_gguf_source, takes_direct_path
     from .peft import check_adapter, read_adapter
     from .source import eos_ids, model_info, prepare_hf_dir
@@ -292,7 +293,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             defaults=dict(s.defaults), prefixes={}, n_virtual=n_virtual,
             adapter=a.manifest_entry() if a else None,
             chat_messages=[dict(m) for m in r.messages] if r.chat else None,
-            compression=plan.record() if plan else None)
+            compression=plan.record() if plan else None, prefix_sha256=ids_sha256(ids[s.name]))
 
     (root / layout.TASKS_DIR).mkdir()
     from .fidelity import GREEDY, measure, verdict

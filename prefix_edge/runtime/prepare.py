@@ -21,7 +21,7 @@ from .scheduler import Call, Request
 from .stream import Result, Stats
 from .decode.constraint import Grammars
 from .documents.plan import DocumentPlan, plan_documents
-from .cache.prompts import MIN_TEXT_TOKENS
+from .cache.prompts import MIN_TEXT_TOKENS, cache_root
 from .engines.kv import Rope
 from .engines.protocol import PREFILL_CHUNK
 from .decode.text import TextStream, TokenBytes, longer_than
@@ -35,6 +35,12 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 MAX_SCOPE = 1024  # characters of a cache scope
 
 
+def resident_key(task: str, info) -> str:
+    """A task prefix's key among the scheduler's residents: the task, and its prefix's digest
+    where it has one (a task made again under its name is another resident)."""
+    return f"{task}#{info.prefix_sha256[:16]}" if info.prefix_sha256 else task
+
+
 def cache_scope(value) -> str:
     """The call's `cache_scope` checked: "" (none: the caches are shared by every call of the
     runtime) or a string that partitions them: a request sees the prompt cache's and the
@@ -45,17 +51,6 @@ def cache_scope(value) -> str:
         raise OptionError("cache_scope", f"cache_scope must be a string of at most {MAX_SCOPE} characters, "
                                          f"got {type(value).__name__}")
     return value
-
-
-def cache_root(task: str | None, scope: str) -> str:
-    """What the prompt and document caches' keys are rooted at: the task (or the base model),
-    and the scope's digest where there is one (cache/prompt_files.py reads the task back)."""
-    root = f"task:{task}" if task is not None else "base"
-    if not scope:
-        return root
-    import hashlib
-
-    return f"{root}|scope:{hashlib.blake2b(scope.encode('utf-8', 'surrogatepass'), digest_size=16).hexdigest()}"
 
 
 class Requests:
@@ -314,13 +309,13 @@ class Requests:
         if compose is not None:  # nothing composed is exact: no prompt cache either way
             use_prompts = False
         t_load = time.perf_counter()
-        root = cache_root(task, scope)
+        root = cache_root(task, scope, self.manifest.tasks[task] if task is not None else None)
         full, full_cuts, hit = ids, cuts, None
         with self._prefix_lock:
             if task is None:
                 prefix, key = None, None
             elif use_cache:
-                prefix, key = self.prefixes.get(task)[0], task
+                prefix, key = self.prefixes.get(task)[0], resident_key(task, self.manifest.tasks[task])
             else:
                 prefix, key = None, None
                 if compose is None:  # (a composition's head holds them)
@@ -387,7 +382,7 @@ class Requests:
             pre = np.zeros(0, np.int64) if use_cache or task is None else self.prefixes.ids(task)
         ids = np.concatenate([pre, ids])
         spans = [(a + len(pre), b + len(pre)) for a, b in spans]
-        root = cache_root(task, scope)
+        root = cache_root(task, scope, self.manifest.tasks[task] if task is not None else None)
         head = ids[:spans[0][0]]
         pieces, at = [], spans[0][0]
         for a, b in spans:
@@ -433,6 +428,14 @@ class Requests:
                 [r.call.prefix.ids[:max(0, r.pos - len(full) - n_virtual)], full])
             prompts.put(root, full, cuts, backend.seq_snapshot(r.seq, text_ids, n_virtual))
         return keep
+
+    def raw(self, ids, prefix=None, cuts: tuple = (), max_tokens: int = 1, snapshot=None,
+            logprobs: int | None = None) -> Request:
+        """A greedy request of token ids as given, after `prefix` (None: from an empty
+        sequence), no task's options: a created task's bake and its probe (runtime/tasks.py)."""
+        call = Call(None, None, prefix, np.asarray(ids, np.int64), max_tokens, self.eos,
+                    prefix_cached=prefix is not None, cuts=tuple(cuts), logprobs=logprobs)
+        return Request(call, Sampler(), TextStream(self.tokenizer, []), snapshot=snapshot)
 
     def sibling(self, req: Request, i: int, overrides: dict[str, Any]) -> Request:
         """Choice i of an n > 1 request: the same input, its own sampler (seed + i) and text."""

@@ -22,6 +22,7 @@ from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
 from .prepare import Requests
 from .embedding import Embedder
+from .tasks import STORE_BYTES, TASK_BYTES, CreatedTasks
 from .cache.budget import DEFAULT_BYTES as CACHE_BYTES, HostBudget
 from .cache.documents import DEFAULT_BYTES as DOCUMENT_CACHE_BYTES, DocumentKv
 from .cache.prompts import DEFAULT_BYTES as PROMPT_CACHE_BYTES, PromptCache
@@ -63,7 +64,7 @@ class Runtime:
                  verify: str = "cached", prompt_cache_bytes: int = PROMPT_CACHE_BYTES,
                  prompt_cache_disk: tuple[int, int, int] = (0, 2, 256),
                  document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
-                 read_ahead: bool = True):
+                 read_ahead: bool = True, task_bytes: int = TASK_BYTES, task_store_bytes: int = STORE_BYTES):
         backend, manifest = opened.engine, bundle.manifest
         self.bundle, self.root, self.manifest = bundle, bundle.root, manifest
         self.backend, self.tokenizer = backend, tokenizer
@@ -104,6 +105,7 @@ class Runtime:
         from .chat.read_ahead import ReadAhead  # a conversation's reply read for its next turn
 
         self.read_ahead = ReadAhead(self.requests, self._sched, read_ahead and prompt_cache_bytes > 0)
+        self.created_tasks = CreatedTasks(self, task_bytes, task_store_bytes)  # tasks made at run time
 
     # -- the caller's-thread half (prepare.py), as the API and the server use it ---------
     def options(self, task: str | None, overrides: dict):
@@ -141,7 +143,8 @@ class Runtime:
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
              document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
              priority: str = "normal", read_ahead: bool = True, window_cache: str = "full",
-             engine: type | None = None) -> "Runtime":
+             engine: type | None = None, task_store: str | Path | None = None,
+             task_bytes: int = TASK_BYTES, task_store_bytes: int = STORE_BYTES) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
         request (prefix + input + output; default: the model's). slots: requests decoded
@@ -180,10 +183,12 @@ class Runtime:
         in other lanes than a prefill's and answers may differ at near ties (docs/models.md).
         engine: the Engine class (runtime/engines/protocol.py) that opens the bundle's `backend`
         files in place of the registry's (runtime/engines/__init__.py): an engine of one's own,
-        or the test tier's fake."""
+        or the test tier's fake. task_store: where tasks created at run time are kept (add_task;
+        default: the bundle's `created/` folder); task_bytes, task_store_bytes: the most one
+        created task's prefix, and all of them, may take there."""
         from tokenizers import Tokenizer
 
-        bundle = Bundle.open(path)
+        bundle = Bundle.open(path, task_store)
         backend = choose_backend(bundle, backend)
         fingerprint, hashes = bundle.check_model(backend, verify)  # refuses a backend it lacks
         for name, value, low in (("slots", slots, 1), ("queue_size", queue_size, 0),
@@ -195,7 +200,8 @@ class Runtime:
                                  ("prompt_cache_disk_hits", prompt_cache_disk_hits, 1),
                                  ("prompt_cache_disk_tokens", prompt_cache_disk_tokens, 1),
                                  ("document_cache_bytes", document_cache_bytes, 0),
-                                 ("cache_bytes", cache_bytes, 0)):
+                                 ("cache_bytes", cache_bytes, 0), ("task_bytes", task_bytes, 1),
+                                 ("task_store_bytes", task_store_bytes, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise PrefixEdgeError(f"{name} must be an integer >= {low}, got {value!r}")
         if slots > 64:
@@ -229,17 +235,52 @@ class Runtime:
             be.close()
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise PrefixEdgeError(f"bundle {bundle.root}: cannot load its tokenizer: {why}") from None
-        return cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
-                   queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
-                   verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
-                   else turn_cache_bytes,
-                   prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens),
-                   document_cache_bytes=document_cache_bytes, cache_bytes=cache_bytes, read_ahead=read_ahead)
+        rt = cls(bundle, opened, tokenizer, fingerprint, prefix_cache_size, slots=slots,
+                 queue_size=queue_size, prefill_chunk=prefill_chunk, resident_bytes=resident_bytes,
+                 verify=verify, prompt_cache_bytes=prompt_cache_bytes if turn_cache_bytes is None
+                 else turn_cache_bytes,
+                 prompt_cache_disk=(prompt_cache_disk_bytes, prompt_cache_disk_hits, prompt_cache_disk_tokens),
+                 document_cache_bytes=document_cache_bytes, cache_bytes=cache_bytes, read_ahead=read_ahead,
+                 task_bytes=task_bytes, task_store_bytes=task_store_bytes)
+        try:  # a stored task made on another backend's runtime: baked for this one now
+            for problem in rt.created_tasks.bake_missing():
+                warn(f"{problem}; left out")
+        except BaseException:
+            rt.close()
+            raise
+        return rt
 
     # -- API ------------------------------------------------------------------------------
     @property
     def tasks(self) -> dict:
+        """Every task by name (the bundle's and those created at run time): its manifest entry."""
         return dict(self.manifest.tasks)
+
+    def add_task(self, name: str, **fields) -> dict:
+        """Create a task at run time from a task file's fields (system, examples, prefix,
+        template, chat, generation defaults such as max_tokens or json_schema): checked as
+        export checks a task file's, its prefix baked on this runtime's engine, verified (a probe
+        answered from it equals its prefill's answer), stored beside the bundle (task_store) and
+        served from then on, by this runtime and by any opened on the bundle later. Its
+        description (task_info) and {"verified": ...}. Errors name the field (`param`)."""
+        return self.created_tasks.add(name, fields)
+
+    def remove_task(self, name: str) -> None:
+        """Delete a task created at run time: calls running finish, new ones find no task.
+        The bundle's own (exported) tasks cannot be deleted."""
+        self.created_tasks.remove(name)
+
+    def has_task(self, name: str) -> bool:
+        """Whether `name` is a task now (one created or deleted by another process sharing the
+        task store seen too)."""
+        self.created_tasks.sync(name)
+        return name in self.manifest.tasks
+
+    def task_info(self, name: str) -> dict:
+        """What a task is: origin (exported / created), kind, chat, prefix tokens, defaults,
+        bytes, and for a created one when and from which fields."""
+        self.created_tasks.sync(name)
+        return self.created_tasks.describe(name)
 
     @property
     def threads(self) -> int | None:
@@ -276,7 +317,14 @@ class Runtime:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self._sched.slots:
             raise PrefixEdgeError(f"n must be an integer in [1, {self._sched.slots}] (this "
                                   f"runtime's slots), got {n!r}", param="n")
-        req = self.requests.request(task, text, overrides, messages)
+        self.created_tasks.sync(task)  # a task created or deleted by another process since
+        try:
+            req = self.requests.request(task, text, overrides, messages)
+        except KeyError:  # its task deleted meanwhile (remove_task): as a call of no such task
+            if task in self.manifest.tasks:
+                raise
+            raise PrefixEdgeError(f"unknown task {task!r}; this bundle has: "
+                                  f"{', '.join(sorted(self.manifest.tasks)) or 'no tasks'}") from None
         for i in range(1, n):
             sib = self.requests.sibling(req, i, overrides)
             req.siblings.append(sib)
@@ -376,6 +424,7 @@ class Runtime:
                 "active": len(s.active), "waiting": len(s.waiting),
                 "residents": s.resident_info(), "prompt_cache": self.prompts.info(),
                 "document_cache": self.documents.info(), "host_cache": self.host.info(),
+                "created_tasks": self.created_tasks.info(),
                 "embeddings": self.embeddings.info(), "read_ahead": self.read_ahead.info(),
                 # what one more token in a decode forward costs here, as a share of a step
                 # (measured from this runtime's forwards; drafting sizes lookups by it)

@@ -1,9 +1,10 @@
 """An OpenAI-compatible local server where a task is a model (FastAPI + uvicorn).
 
-    GET  /health, /metrics (Prometheus text), /v1/models, /v1/models/{id}, /v1/responses/{id}
+    GET  /health, /metrics (Prometheus text), /v1/models, /v1/models/{id}, /v1/responses/{id},
+         /v1/tasks, /v1/tasks/{name}
     POST /v1/chat/completions, /v1/completions (completions.py), /v1/responses (responses.py),
-         /v1/embeddings (embeddings.py)
-    DELETE /v1/responses/{id}
+         /v1/embeddings (embeddings.py), /v1/tasks (tasks.py: tasks made at run time)
+    DELETE /v1/responses/{id}, /v1/tasks/{name}
 
 One Runtime serves every request (its scheduler batches them). A task is a model; the model
 `base` is the bundle's model with no task prefix. A chat request's messages (system, history)
@@ -30,6 +31,7 @@ from .auth import BearerAuth, Keys, tenant_of
 from .metrics import Metrics
 from .responses import Responses
 from .store import StoredResponses
+from .tasks import LiveTasks, TaskApi
 
 
 class ServerState:
@@ -70,17 +72,18 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
 def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = None,
                max_body: int = MAX_BODY, body_timeout: float = BODY_TIMEOUT,
                stored_responses=None, keys: Keys | None = None, metrics_public: bool = False,
-               aliases: dict[str, str] | None = None) -> FastAPI:
+               aliases: dict[str, str] | None = None, allow_task_api: bool = False) -> FastAPI:
     """`stored_responses`: where /v1/responses keeps stored responses (default: this process's
     own; `serve --ray` shares them between replicas, cluster/store.py). `api_key` (one key) or
     `keys` (auth.Keys: several, each to its tenant): required on /v1/ and /metrics (unless
-    metrics_public); each tenant's calls see only their own cache entries (auth.py)."""
+    metrics_public); each tenant's calls see only their own cache entries (auth.py).
+    allow_task_api: POST and DELETE /v1/tasks create and delete tasks (tasks.py)."""
     app = FastAPI(title="prefix-edge", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics()
     state = ServerState()
     state.aliases = check_aliases(aliases or {}, rt.tasks)
     created = int(time.time())
-    tasks = rt.tasks  # fixed for the runtime's life
+    tasks = LiveTasks(rt)  # the bundle's and those created at run time
     # the last one added runs first: body limits, then CORS (a preflight is answered before
     # any key check), then the key
     if api_key and keys is None:
@@ -101,7 +104,7 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         info = rt.engine_info()
         emb = rt.embeddings.info()
         return {"status": "ok" if not rt.closed else "closed", "backend": info["backend"],
-                "tasks": len(tasks), "active": info["active"], "waiting": info["waiting"],
+                "tasks": len(rt.tasks), "active": info["active"], "waiting": info["waiting"],
                 "embeddings": {"running_texts": emb["running_texts"], "waiting_texts": emb["waiting_texts"],
                                "waiting_tokens": emb["waiting_tokens"]}}
 
@@ -128,7 +131,9 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
                 "kind": t.kind, "chat": t.chat, "prefix_tokens": t.prefix_tokens,
                 "prefix_bytes": sum(p.bytes for p in t.prefixes.values())}
 
-    names = sorted(tasks) + ([BASE_MODEL] if BASE_MODEL not in tasks else [])
+    def names() -> list[str]:
+        now = sorted(rt.tasks)
+        return now + ([BASE_MODEL] if BASE_MODEL not in now else [])
 
     def card(name: str) -> dict:
         target = state.aliases.get(name)
@@ -136,11 +141,12 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [card(name) for name in names + sorted(state.aliases)]}
+        return {"object": "list", "data": [card(name) for name in names() + sorted(state.aliases)
+                                           if name in state.aliases or name == BASE_MODEL or name in rt.tasks]}
 
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str):
-        if model_id not in names and model_id not in state.aliases:
+        if model_id not in tasks and model_id != BASE_MODEL and model_id not in state.aliases:
             return error(404, f"the model `{model_id}` does not exist", param="model",
                          code="model_not_found")
         return card(model_id)
@@ -157,6 +163,24 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
     completer = Completions(rt, metrics, state, error)
     responder = Responses(rt, metrics, state, error, stored_responses)
     embedder = Embeddings(rt, metrics, state, error)
+
+    task_api = TaskApi(rt, metrics, state, error, allow_task_api)
+
+    @app.post("/v1/tasks")
+    async def create_task(request: Request):
+        return await task_api.create(request)
+
+    @app.get("/v1/tasks")
+    async def list_tasks():
+        return await task_api.list()
+
+    @app.get("/v1/tasks/{name}")
+    async def get_task(name: str):
+        return await task_api.get(name)
+
+    @app.delete("/v1/tasks/{name}")
+    async def delete_task(name: str):
+        return await task_api.delete(name)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):

@@ -24,6 +24,7 @@ from .auth import cache_scope, tenant_of
 from .calls import DISCONNECTED, LogprobFormat, admit, merged, sse, start, step_error, task_of, watch_disconnect
 from .fields import COMPLETION_FIELDS, check_fields, read_body, refuse_unknown
 from .schema import ApiError, chat_messages, completion_params
+from .tasks import LiveTasks
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "timeout": "length"}
 
@@ -46,7 +47,7 @@ def usage(results: list, n: int | None = None) -> dict:
 class Completions:
     def __init__(self, rt, metrics, state, error):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
-        self.tasks = rt.tasks
+        self.tasks = LiveTasks(rt)  # created and deleted at run time too
         self.lp = LogprobFormat(rt)
 
     def parse(self, raw: bytes, chat: bool, tenant: str | None = None) -> tuple:

@@ -29,6 +29,7 @@ from ..runtime.embedding import DEFAULT_POOLING
 from .calls import BASE_MODEL, DISCONNECTED, admit, disconnected, step_error
 from .fields import INT, STR, S, check_fields, read_body
 from .schema import ApiError
+from .tasks import LiveTasks
 
 ENCODINGS = ("float", "base64")
 EMBEDDING_FIELDS = {"model": STR, "input": S("str|list", items=S("str|int|list", items=S("int"))),
@@ -39,7 +40,7 @@ EMBEDDING_FIELDS = {"model": STR, "input": S("str|list", items=S("str|int|list",
 class Embeddings:
     def __init__(self, rt, metrics, state, error):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
-        self.tasks = rt.tasks
+        self.tasks = LiveTasks(rt)  # created and deleted at run time too
 
     def parse(self, raw: bytes) -> tuple:
         """In a worker thread: (model, the embedder's job, encoding) of a checked body."""

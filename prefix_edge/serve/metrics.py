@@ -95,6 +95,10 @@ class Metrics:
         for name, kind, key in (("bytes", "gauge", "bytes"), ("budget_bytes", "gauge", "budget_bytes"),
                                 ("evictions_total", "counter", "evictions")):
             out += [f"# TYPE prefix_edge_host_cache_{name} {kind}", f"prefix_edge_host_cache_{name} {host.get(key, 0)}"]
+        created = engine.get("created_tasks") or {}  # tasks made at run time (runtime/tasks.py)
+        for name, key in (("count", "count"), ("bytes", "bytes"), ("budget_bytes", "budget_bytes")):
+            out += [f"# TYPE prefix_edge_created_tasks_{name} gauge",
+                    f"prefix_edge_created_tasks_{name} {created.get(key, 0)}"]
         docs = engine.get("document_cache") or {}
         for name, kind, key in (("hits_total", "counter", "hits"), ("misses_total", "counter", "misses"),
                                 ("evictions_total", "counter", "evictions"), ("bytes", "gauge", "bytes"),

@@ -33,6 +33,7 @@ from .calls import DISCONNECTED, LogprobFormat, admit, sse, start, step_error, t
 from .fields import RESPONSE_FIELDS, check_fields, read_body, refuse_unknown
 from .schema import ApiError, completion_params, response_format
 from .store import MAX_STORED, StoredResponses
+from .tasks import LiveTasks
 
 # the runtime's (and chat's) names of a call's fields as a Responses request spells them
 NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
@@ -108,7 +109,7 @@ def stored_key(response_id: str, tenant: str | None) -> str:
 class Responses:
     def __init__(self, rt, metrics, state, error, stored=None):
         self.rt, self.metrics, self.state, self.error = rt, metrics, state, error
-        self.tasks = rt.tasks
+        self.tasks = LiveTasks(rt)  # created and deleted at run time too
         # id -> (response, messages): store.py's own, or an OrderedDict that also shares them
         # (cluster/store.py)
         self.stored = StoredResponses() if stored is None else stored

@@ -81,16 +81,24 @@ class RenderedTask:
 
 
 def task_where(path: Path | None, task: str | None, key: str | None = None) -> str:
-    where = f"{path}" if path is not None else "task file"
+    """'FILE: task 'NAME': key 'KEY'' (no file: a task given as fields, as the API does)."""
+    parts = [str(path)] if path is not None else []
     if task is not None:
-        where += f": task '{task}'"
+        parts.append(f"task '{task}'")
     if key is not None:
-        where += f": key '{key}'"
-    return where
+        parts.append(f"key '{key}'")
+    return ": ".join(parts) or "task"
 
 
 def _err(path: Path, task: str | None, key: str | None, msg: str) -> PrefixEdgeError:
-    return PrefixEdgeError(f"{task_where(path, task, key)}: {msg}")
+    """One line naming the file, the task and the key; `param` the key's field (a task made
+    through the API: the request's field)."""
+    return PrefixEdgeError(f"{task_where(path, task, key)}: {msg}", param=key_field(key))
+
+
+def key_field(key: str | None) -> str | None:
+    """A task file key's top field: 'examples[0].user' -> 'examples'."""
+    return key.split("[", 1)[0].split(".", 1)[0] if key else None
 
 
 def _check_type(path: Path, task: str, key: str, value: Any, typ: type) -> Any:
@@ -123,6 +131,17 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
         raise _err(path, clash[1], None, f"differs from task {clash[0]!r} only in case (their prefix "
                    "files would be one file on macOS and Windows)")
     return [_parse_task(path, name, table) for name, table in tables.items()]
+
+
+def parse_task(name: Any, fields: Any) -> TaskSpec:
+    """A task given as fields (a task file's table, as JSON: Runtime.add_task, POST /v1/tasks),
+    checked as load_tasks checks a file's; errors name the task and the key (`param` the field)."""
+    if not isinstance(name, str):
+        raise PrefixEdgeError(f"a task's name must be a string, got {type(name).__name__}", param="name")
+    problem = task_name_problem(name)
+    if problem:
+        raise PrefixEdgeError(f"task {name!r}: {problem}", param="name")
+    return _parse_task(None, name, fields)
 
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

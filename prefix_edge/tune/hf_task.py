@@ -35,7 +35,7 @@ class HFTask:
             from transformers.utils import logging as hf_logging
         except ImportError:
             raise PrefixEdgeError("this needs the export extra: pip install 'prefix-edge[export]'") from None
-        from ..export.bake import prefix_ids
+        from ..tasks import prefix_ids
         from ..export.peft import read_adapter
         from ..chat_template import template_specials
         from ..export.source import eos_ids, prepare_hf_dir

@@ -43,7 +43,7 @@ import numpy as np
 
 from ...bundle import prefixfile
 from ...errors import PrefixEdgeError, disk_full, warn
-from .prompts import chain
+from .prompts import chain, root_task
 
 FORMAT = "prefix-edge-prompt/1"
 SUFFIX = ".safetensors"
@@ -61,10 +61,9 @@ def root_digest(manifest) -> Callable[[str], str | None]:
     """root -> what a file of that root must carry as task_digest ("" for the base model; None:
     a task this bundle does not have)."""
     def digest(root: str) -> str | None:
-        root = root.split("|", 1)[0]  # a scoped root (prepare.cache_root): its task
-        if root == "base":
+        if root.split("|", 1)[0] == "base":  # a scoped root (prompts.cache_root): its task
             return ""
-        task = root[5:] if root.startswith("task:") else None
+        task = root_task(root)
         return manifest.task_digest(task) if task in manifest.tasks else None
     return digest
 

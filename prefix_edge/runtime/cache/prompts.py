@@ -269,3 +269,25 @@ class PromptCache:
         if self.files is not None:
             out.update(self.files.info())
         return out
+
+
+def cache_root(task: str | None, scope: str = "", info=None) -> str:
+    """What the prompt and document caches' keys are rooted at: the task (or the base model)
+    with its prefix's digest where its manifest entry has one (TaskInfo.prefix_sha256: a task
+    made again under its name with another prefix shares no entry with the old one), and the
+    scope's digest where there is one (cache/prompt_files.py reads the task back)."""
+    root = "base" if task is None else f"task:{task}"
+    if task is not None and info is not None and info.prefix_sha256:
+        root += f"#{info.prefix_sha256[:16]}"
+    if not scope:
+        return root
+    import hashlib
+
+    return f"{root}|scope:{hashlib.blake2b(scope.encode('utf-8', 'surrogatepass'), digest_size=16).hexdigest()}"
+
+
+def root_task(root: str) -> str | None:
+    """The task a cache root is of (None: the base model)."""
+    root = root.split("|", 1)[0]
+    return root[5:].split("#", 1)[0] if root.startswith("task:") else None
+

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ...errors import PrefixEdgeError, disk_full
+from ..cache.prompts import cache_root
 from .render import check_messages
 
 if TYPE_CHECKING:
@@ -101,7 +102,8 @@ class Conversation:
     # -- files --------------------------------------------------------------------------
     def _prompt_key(self, msgs: list) -> tuple:
         ids, cuts, _ = self.rt.chat_input(self.task, msgs)
-        return ("base" if self.task is None else f"task:{self.task}", ids, cuts)
+        info = self.rt.manifest.tasks[self.task] if self.task is not None else None
+        return (cache_root(self.task, "", info), ids, cuts)
 
     def _reply_key(self, msgs: list) -> tuple | None:
         """The prompt-cache key of `msgs` read up to the end of their last reply, as the

@@ -322,7 +322,7 @@ def check_task_defaults(specs, tokenizer, n_vocab: int, eos: list[int]) -> None:
         bad = next((t for t in d.get("logit_bias") or {} if t >= n_vocab), None)
         if bad is not None:
             raise PrefixEdgeError(f"{task_where(s.file, s.name, 'logit_bias')}: token id {bad} is outside "
-                                  f"this model's vocabulary (0..{n_vocab - 1})")
+                                  f"this model's vocabulary (0..{n_vocab - 1})", param="logit_bias")
         if not any(d.get(k) not in (None, False) for k in KINDS):
             continue
         if grammars is None:
@@ -330,4 +330,4 @@ def check_task_defaults(specs, tokenizer, n_vocab: int, eos: list[int]) -> None:
         try:
             grammars.constraint(d)
         except OptionError as e:
-            raise PrefixEdgeError(f"{task_where(s.file, s.name, e.field)}: {e}") from None
+            raise PrefixEdgeError(f"{task_where(s.file, s.name, e.field)}: {e}", param=e.field) from None

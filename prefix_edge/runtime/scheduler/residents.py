@@ -32,7 +32,8 @@ class Residents:
         return key in self.held
 
     def info(self) -> dict[str, dict]:
-        return {k: {"seq": r.seq, "cells": r.cells, "bytes": r.nbytes, "users": r.users}
+        """By task (a key's task: prepare.resident_key)."""
+        return {k.split("#", 1)[0]: {"seq": r.seq, "cells": r.cells, "bytes": r.nbytes, "users": r.users}
                 for k, r in list(self.held.items())}
 
     def cells(self) -> int:
