@@ -8,7 +8,9 @@ A store is a folder (default: `created/` in the bundle; or one given), a folder 
                                                   prefix-file codec, bundle/prefixfile.py)
 
 task.json: {"format": "prefix-edge-created-task", "version": 1, "name", "created" (UTC),
-"spec" (the fields it was made from), "task" (its manifest entry, as manifest.json spells a
+"spec" (the fields it was made from), "model" (the digest of the bundle's model facts, tokenizer
+and chat template it was rendered and tokenized for: a task made for another model is refused),
+"task" (its manifest entry, as manifest.json spells a
 task; each prefix's file relative to the task's folder, with its sha256, bytes and the model
 fingerprint it was baked for), "sha256" (of the rest, canonical JSON)}.
 
@@ -74,9 +76,16 @@ def _digest(doc: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def _entry(task: CreatedTask) -> bytes:
+def model_digest(manifest: Manifest) -> str:
+    """What a created task's ids depend on: the model's facts, its tokenizer, its chat template."""
+    doc = {"model": asdict(manifest.model), "tokenizer": manifest.tokenizer.sha256,
+           "chat_template": manifest.tokenizer.chat_template_sha256}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _entry(task: CreatedTask, model: str) -> bytes:
     doc = {"format": FORMAT, "version": VERSION, "name": task.name, "created": task.created,
-           "spec": task.spec, "task": asdict(task.info)}
+           "model": model, "spec": task.spec, "task": asdict(task.info)}
     doc["sha256"] = _digest(doc)
     return (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()
 
@@ -147,6 +156,9 @@ class TaskStore:
             raise PrefixEdgeError(f"{where}: its checksum does not match its contents (damaged or edited)")
         if doc.get("name") != name or not isinstance(doc.get("spec"), dict) or not isinstance(doc.get("created"), str):
             raise PrefixEdgeError(f"{where}: its name, spec or creation time is not what the entry holds")
+        if doc.get("model") != model_digest(self.manifest):
+            raise PrefixEdgeError(f"{where}: made for another model (or tokenizer, or chat template) than "
+                                  "this bundle's: create it again for this one")
         t = doc.get("task")
         check_task_dict(name, t, where, asdict(self.manifest.model), self.manifest.backends)
         info = TaskInfo(**{**t, "prefixes": {b: TaskPrefixFile(**p) for b, p in t["prefixes"].items()}})
@@ -183,7 +195,7 @@ class TaskStore:
                 p = info.prefixes[backend]
                 os.replace(src, tmp / p.file)
             task = CreatedTask(name, info, spec, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.root / name)
-            _write(tmp / ENTRY, _entry(task))
+            _write(tmp / ENTRY, _entry(task, model_digest(self.manifest)))
             _sync_dir(tmp)
             if (self.root / name).exists():
                 raise TaskExists(f"task '{name}' exists already", param="name")
@@ -206,7 +218,7 @@ class TaskStore:
         info = TaskInfo(**{**asdict(task.info), "prefixes": {**task.info.prefixes, backend: entry}})
         new = CreatedTask(task.name, info, task.spec, task.created, task.folder)
         tmp = task.folder / f".{ENTRY}.{secrets.token_hex(4)}"
-        _write(tmp, _entry(new))
+        _write(tmp, _entry(new, model_digest(self.manifest)))
         os.replace(tmp, task.folder / ENTRY)
         _sync_dir(task.folder)
         return new
@@ -226,14 +238,18 @@ class TaskStore:
         return True
 
     def _sweep(self) -> None:
-        """Remove what killed writers left (hidden folders older than STALE_S; a live writer's
-        are younger) and prefix files no entry names."""
+        """Remove what killed writers left: hidden folders older than STALE_S (a live
+        writer's are younger)."""
         if not self.root.is_dir():
             return
         now = time.time()
         for p in self.root.iterdir():
             try:
-                if p.name.startswith(".") and p.is_dir() and not p.is_symlink() and now - p.stat().st_mtime > STALE_S:
+                if not p.name.startswith(".") or now - p.lstat().st_mtime <= STALE_S:
+                    continue
+                if p.is_dir() and not p.is_symlink():
                     shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink()
             except OSError:
                 pass

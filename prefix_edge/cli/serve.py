@@ -40,8 +40,8 @@ def serve(
     alias: Optional[list[str]] = typer.Option(None, "--alias", help="NAME=TARGET: answer to NAME as the task (or `base`) TARGET, for clients that send a fixed model name (e.g. --alias text-embedding-3-small=base); repeatable."),
     allow_task_api: bool = typer.Option(False, "--allow-task-api", help="Let clients create and delete tasks (POST / DELETE /v1/tasks; behind the API key): each baked, verified and stored beside the bundle (docs/tasks-at-run-time.md)."),
     task_store: Optional[Path] = typer.Option(None, "--task-store", help="Where created tasks are kept (default: the bundle's created/ folder)."),
-    task_mb: int = typer.Option(TASK_BYTES >> 20, "--task-mb", help="MiB one created task's prefix may take (400 beyond)."),
-    task_store_mb: int = typer.Option(STORE_BYTES >> 20, "--task-store-mb", help="MiB all created tasks' prefixes may take together (429 beyond)."),
+    task_mb: float = typer.Option(TASK_BYTES >> 20, "--task-mb", help="MiB one created task's prefix may take (400 beyond)."),
+    task_store_mb: float = typer.Option(STORE_BYTES >> 20, "--task-store-mb", help="MiB all created tasks' prefixes may take together (429 beyond)."),
     metrics_public: bool = typer.Option(False, "--metrics-public", help="Serve /metrics without the API key (it names tasks and counts every client's requests)."),
     cors: Optional[str] = typer.Option(None, "--cors", help="Comma-separated origins allowed by CORS (default: none)."),
     max_body: int = typer.Option(MAX_BODY, "--max-body", help="Largest request body in bytes (413 beyond)."),
@@ -121,7 +121,8 @@ def serve(
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
                           document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20,
                           read_ahead=read_ahead, window_cache=window_cache, task_store=task_store,
-                          task_bytes=max(1, task_mb) << 20, task_store_bytes=max(0, task_store_mb) << 20)
+                          task_bytes=max(1, int(task_mb * (1 << 20))),
+                          task_store_bytes=max(0, int(task_store_mb * (1 << 20))))
         application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public, aliases=aliases,
                                  cors_origins=[o.strip() for o in cors.split(",")] if cors else None,
                                  max_body=max_body, body_timeout=body_timeout,
