@@ -1,7 +1,8 @@
 """`prefix-edge serve --ray` on a real local Ray cluster (2 replicas of the tiny int4 bundle, one
 task held per replica): the same answers (and embeddings) as the library, task affinity, LRU reloads,
 streaming, the API key, an unknown task, stored responses found whichever replica answers, and
-a replica killed with SIGKILL (between requests, and under four streams)."""
+a replica killed with SIGKILL (between requests, and under four streams), and a task created
+through one replica served by every replica."""
 
 from __future__ import annotations
 
@@ -30,14 +31,20 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def cluster(bundle_int4, tmp_path_factory):
+def task_store(tmp_path_factory):
+    return tmp_path_factory.mktemp("ray-tasks") / "store"
+
+
+@pytest.fixture(scope="module")
+def cluster(bundle_int4, tmp_path_factory, task_store):
     port = free_port()
     log = tmp_path_factory.mktemp("ray") / "serve.log"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "prefix_edge", "serve", "--ray", "--bundle", str(bundle_int4),
                                  "--port", str(port), "--backend", "onnx", "--threads", "1", "--slots", "2",
-                                 "--replicas", "2", "--tasks-per-replica", "1", "--api-key", KEY],
+                                 "--replicas", "2", "--tasks-per-replica", "1", "--api-key", KEY,
+                                 "--allow-task-api", "--task-store", str(task_store)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
@@ -320,3 +327,31 @@ def test_a_replica_killed_under_streams(cluster, local):
     after = _ask(cluster, "base", INPUTS[1])
     assert after.json()["choices"][0]["message"]["content"] == ref.text
     assert json.loads(after.headers["x-prefix-edge-counters"])["pid"] != held["pid"]
+
+
+def test_a_task_created_through_one_replica_is_served_by_all(cluster, bundle_int4, task_store):
+    """POST /v1/tasks reaches one replica; the task lives in the store the replicas share, so
+    each one that is routed a call of it (the router moves it as the tasks take turns: one task
+    held per replica) serves it, with the answer of its prefix prefilled on one runtime."""
+    from prefix_edge import Runtime
+
+    r = httpx.post(cluster + "/v1/tasks", headers=AUTH, timeout=300,
+                   json={"name": "pirate", "system": "You answer as a pirate would.", "max_tokens": 12})
+    assert r.status_code == 201, r.text
+    with Runtime.open(bundle_int4, backend="onnx", threads=1, task_store=task_store) as rt:
+        ref = rt.generate("pirate", messages=[{"role": "user", "content": INPUTS[0]}], max_tokens=12,
+                          use_prefix_cache=False).text
+    served = set()
+    for _ in range(30):  # the tasks take turns until the created one has been on both replicas
+        got = _ask(cluster, "pirate", INPUTS[0])
+        served.add(_replica(got))
+        assert got.json()["choices"][0]["message"]["content"] == ref
+        if len(served) == 2:
+            break
+        for task in TASKS[:2]:
+            _replica(_ask(cluster, task, INPUTS[1]))
+    assert len(served) == 2, served
+    assert httpx.delete(cluster + "/v1/tasks/pirate", headers=AUTH, timeout=60).status_code == 200
+    for _ in range(4):  # deleted: no replica serves it any more
+        assert _ask(cluster, "pirate", INPUTS[0]).status_code == 404
+

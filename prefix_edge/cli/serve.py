@@ -85,7 +85,9 @@ def serve(
         args = {"bundle": str(bundle) if bundle else None, "replicas": replicas, "tasks_per_replica": tasks_per_replica,
                 "backend": backend, "device": device, "threads": threads, "slots": slots,
                 "prompt_cache": prompt_cache, "prompt_cache_disk": prompt_cache_disk,
-                "document_cache": document_cache, "cache": cache, "api_key": api_key}
+                "document_cache": document_cache, "cache": cache, "api_key": api_key,
+                "allow_task_api": allow_task_api, "task_store": str(task_store) if task_store else None,
+                "task_mb": task_mb, "task_store_mb": task_store_mb}
         if ray_config:
             write_config(ray_config, args, host, port)
             typer.echo(f"wrote {ray_config}: `serve deploy {ray_config}` (set api_key in its args yourself)", err=True)

@@ -36,7 +36,8 @@ from .store import ResponseStore, SharedResponses
 DEFAULTS: dict[str, Any] = {"bundle": None, "replicas": 2, "tasks_per_replica": 8, "backend": "auto",
                             "device": "cpu", "threads": None, "slots": 4, "api_key": None,
                             "prompt_cache": 256, "prompt_cache_disk": 2048, "document_cache": 256, "cache": 256,
-                            "stored_responses_mb": 64}
+                            "stored_responses_mb": 64, "allow_task_api": False, "task_store": None,
+                            "task_mb": 64, "task_store_mb": 1024}
 BASE = "base"
 HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the HTTP layer
 
@@ -44,13 +45,15 @@ HOP = {"content-length", "transfer-encoding", "connection"}  # set again by the 
 def _replica_deployment(k: int):
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class TaskReplica:
-        def __init__(self, bundle: str, runtime_opts: dict, store):
+        def __init__(self, bundle: str, runtime_opts: dict, store, allow_task_api: bool = False):
             from ..runtime.runtime import Runtime
             from ..serve.app import create_app
 
             self.rt = Runtime.open(bundle, prefix_cache_size=max(k, 1), **runtime_opts)
             self.stored = SharedResponses(store)
-            self.app = create_app(self.rt, stored_responses=self.stored)
+            # tasks made through one replica live in the store they share: the others see one
+            # at its first call (Runtime.has_task)
+            self.app = create_app(self.rt, stored_responses=self.stored, allow_task_api=allow_task_api)
             ctx = serve.get_replica_context()
             rid = getattr(ctx, "replica_id", None)
             self.name = getattr(rid, "unique_id", None) or getattr(ctx, "replica_tag", "replica")
@@ -59,7 +62,7 @@ def _replica_deployment(k: int):
 
         @serve.multiplexed(max_num_models_per_replica=max(k, 1))
         async def task(self, name: str):
-            if name in self.rt.tasks:  # read and checked now, not on the first request
+            if await asyncio.to_thread(self.rt.has_task, name):  # read and checked now, not on the first request
                 await asyncio.to_thread(self.rt.prefixes.get, name)
             self.loads += 1
             self.resident.add(name)
@@ -110,7 +113,9 @@ class _Resident:
                 self.replica.rt.unload(self.name)
 
 
-def _ingress(names: list[str], api_key: str | None):
+def _ingress(names: list[str], api_key: str | None, created=None):
+    """`created`: the bundle's store of tasks made at run time (bundle/created.py), where a
+    model the bundle does not name may be."""
     from ..serve.app import _unauthorized, error
     from ..serve.auth import BearerAuth, Keys
 
@@ -185,7 +190,8 @@ def _ingress(names: list[str], api_key: str | None):
                     model = json.loads(body).get("model")
                 except (ValueError, AttributeError):
                     model = None  # the replica's API answers the malformed body
-            if isinstance(model, str) and model not in names:
+            if isinstance(model, str) and model not in names and not (
+                    created is not None and model in await asyncio.to_thread(created.names)):
                 return error(404, f"the model `{model}` does not exist", param="model", code="model_not_found")
             headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
             args = (request.method, "/" + path, request.url.query.encode(), headers, body)
@@ -240,7 +246,7 @@ def build(args: dict) -> Any:
     from ..bundle import Bundle
 
     a = {**DEFAULTS, **(args or {})}
-    opened = Bundle.open(a["bundle"])
+    opened = Bundle.open(a["bundle"], a["task_store"])
     bundle, names = str(opened.root), sorted(opened.tasks) + [BASE]
     opts = {"backend": a["backend"], "device": a["device"], "threads": a["threads"], "slots": int(a["slots"]),
             # MiB; "turn_cache" is the memory tier's earlier name. The replicas on one machine
@@ -248,7 +254,10 @@ def build(args: dict) -> Any:
             "prompt_cache_bytes": max(0, int(a.get("turn_cache", a["prompt_cache"]))) << 20,
             "prompt_cache_disk_bytes": max(0, int(a["prompt_cache_disk"])) << 20,
             "document_cache_bytes": max(0, int(a["document_cache"])) << 20,
-            "cache_bytes": max(0, int(a["cache"])) << 20}
+            "cache_bytes": max(0, int(a["cache"])) << 20, "task_store": a["task_store"],
+            "task_bytes": max(1, int(float(a["task_mb"]) * (1 << 20))),
+            "task_store_bytes": max(0, int(float(a["task_store_mb"]) * (1 << 20)))}
     store = ResponseStore.bind(max(1, int(a["stored_responses_mb"])) << 20)
     replica = _replica_deployment(int(a["tasks_per_replica"])).options(num_replicas=int(a["replicas"]))
-    return _ingress(names, a["api_key"]).bind(replica.bind(bundle, opts, store), store)
+    return _ingress(names, a["api_key"], opened.store).bind(
+        replica.bind(bundle, opts, store, bool(a["allow_task_api"])), store)
