@@ -70,6 +70,7 @@ def run(
     chat: bool = typer.Option(False, "--chat", help="An interactive conversation: each line you type is a turn (/new starts over, /exit or Ctrl-D ends)."),
     system: Optional[str] = typer.Option(None, "--system", help="--chat: a system message after the task's own."),
     save: Optional[Path] = typer.Option(None, "--save", help="--chat: keep the conversation in this file (written after every turn; resumed from it when it exists)."),
+    task_store: Optional[Path] = typer.Option(None, "--task-store", help="Where tasks made at run time are kept (default: the bundle's created/; `prefix-edge task add`)."),
 ) -> None:
     """Run one task on INPUT, decoding from the task's baked prefix (or chat with --chat)."""
     from ..runtime.runtime import Runtime
@@ -86,10 +87,11 @@ def run(
     if chat:
         if input is not None or as_json:
             raise PrefixEdgeError("--chat reads its turns from the terminal (no INPUT, no --json)")
-        with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1) as rt:
+        with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1,
+                          task_store=task_store) as rt:
             return _chat(rt, task, system, save, {k: v for k, v in opts.items() if v is not None})
     text = read_input(input)
-    with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1) as rt:
+    with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1, task_store=task_store) as rt:
         if as_json:
             r = rt.generate(task, text, **opts)
             keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",

@@ -16,7 +16,7 @@ from ..bundle import BACKENDS, Bundle
 from ..errors import PrefixEdgeError, warn
 from .engines.protocol import PREFILL_CHUNK, EngineConfig, Opened
 from .engines import engine_class
-from .engines.overlap import beside
+from .engines.overlap import beside, on_own_thread
 from .cache.prefixes import PrefixCache
 from .scheduler import Scheduler
 from .stream import AsyncStream, Result, Stream
@@ -219,9 +219,12 @@ class Runtime:
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
                            verify=verify, longest_prefix=longest, priority=priority, window_cache=window_cache)
-        # the tokenizer loads while the engine's model does (overlap.py)
-        with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
-            opened = (engine or engine_class(backend)).from_bundle(bundle, hashes, cfg)
+        def opening():  # the tokenizer loads while the engine's model does (overlap.py)
+            with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
+                return (engine or engine_class(backend)).from_bundle(bundle, hashes, cfg), loading
+
+        # on a thread that ends: nothing the engine decodes at open stays on this one (overlap.py)
+        opened, loading = on_own_thread(opening)
         be = opened.engine
         state = bundle.backend(backend).state
         if be.state_info() != state:

@@ -83,3 +83,29 @@ def native_load(fn: Callable[[], Any], settle: float = 0.0) -> Any:
     finally:
         t.join()
     return load.result()
+
+
+def on_own_thread(fn: Callable[[], Any]) -> Any:
+    """fn() on a thread of its own that ends with it: its value, or its error raised here.
+
+    Runtime.open opens the engine so: an engine's open-time probes decode (llama.cpp:
+    batches_alike, the state layout), and llama.cpp's OpenMP keeps a pool of threads for each
+    thread that ever decoded, for that thread's life. Two pools on a 2-core machine make libgomp
+    throttle their spinning and every barrier of the engine thread's decodes waits on a futex:
+    decode ran ~3x slower (84 -> 25 tok/s on the default model) whenever the opening thread,
+    which lives on, had decoded. A thread that ends takes its pool with it."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="prefix-edge-open", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.1)  # a KeyboardInterrupt still reaches the caller
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
