@@ -211,3 +211,22 @@ def test_a_writer_killed_at_any_point_leaves_each_task_whole_or_absent(root):
     leftovers = [p.name for p in (root / "created").iterdir() if p.name.startswith(".")]
     # what a killed writer leaves is hidden (swept once an hour old: created.STALE_S), never a task
     assert all(n.startswith((".new-", ".gone-", ".bake-", ".task.json", ".tmp")) for n in leftovers), leftovers
+
+
+def test_runtimes_sharing_a_store_follow_each_other(root):
+    """Two runtimes on one store (two processes, two replicas): a task made by one is served by
+    the other at its first call of it, made again there with another prompt it answers as the
+    new one, and deleted there it is gone here too."""
+    with opened(root) as a, opened(root) as b:
+        assert "t" not in b.tasks
+        a.add_task("t", system="w30 w31")
+        first = b.generate("t", messages=ASK, max_tokens=6)  # b had never heard of it
+        assert first.tokens == a.generate("t", messages=ASK, max_tokens=6).tokens
+        a.remove_task("t")
+        with pytest.raises(PrefixEdgeError, match="unknown task 't'"):
+            b.generate("t", messages=ASK, max_tokens=6)
+        a.add_task("t", system="w40 w41")
+        again = b.generate("t", messages=ASK, max_tokens=6)
+        assert again.tokens == a.generate("t", messages=ASK, max_tokens=6, use_prefix_cache=False).tokens
+        assert again.tokens != first.tokens
+        assert b.task_info("t")["fields"] == {"system": "w40 w41"}
