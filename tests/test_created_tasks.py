@@ -230,3 +230,27 @@ def test_runtimes_sharing_a_store_follow_each_other(root):
         assert again.tokens == a.generate("t", messages=ASK, max_tokens=6, use_prefix_cache=False).tokens
         assert again.tokens != first.tokens
         assert b.task_info("t")["fields"] == {"system": "w40 w41"}
+
+
+def test_a_re_export_keeps_the_tasks_its_model_can_serve(root, tmp_path):
+    """export --force of the same model carries the store's tasks into the new bundle (they read
+    back whole there); a bundle of another model takes none of them."""
+    import shutil
+
+    from prefix_edge.bundle.manifest import Manifest
+    from prefix_edge.export.build import carry_created
+
+    with opened(root) as rt:
+        rt.add_task("kept", system="w30 w31")
+    same = Manifest.read(root)
+    new = tmp_path / "new"
+    shutil.copytree(root, new, ignore=shutil.ignore_patterns("created"))
+    assert carry_created(root, new, same) == ["kept"]
+    with opened(new) as rt:
+        baked, prefilled = answers(rt, "kept")
+        assert rt.task_info("kept")["origin"] == "created" and baked.tokens == prefilled.tokens
+    other = Manifest.read(root)
+    other.model.vocab_size += 1  # another model
+    (tmp_path / "other").mkdir()
+    assert carry_created(root, tmp_path / "other", other) == []
+    assert not (tmp_path / "other" / "created").exists()

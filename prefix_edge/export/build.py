@@ -95,6 +95,7 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
             manifest.write(tmp)
+        carry_created(out, tmp, manifest)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,6 +161,21 @@ def _fsync_tree(root: Path) -> None:
             pass
         finally:
             os.close(fd)
+
+
+def carry_created(out: Path, tmp: Path, manifest) -> list[str]:
+    """Tasks made at run time in the old bundle's store (bundle/created.py) that the new one can
+    serve (the same model facts, tokenizer and chat template) are copied into the new bundle, so
+    a re-export keeps them; the others stay behind with the old bundle. Their names."""
+    from ..bundle.created import STORE_DIR, TaskStore
+
+    src = out / STORE_DIR
+    if not src.is_dir() or src.is_symlink():
+        return []
+    kept = sorted(TaskStore(src, manifest).read()[0])
+    for name in kept:
+        shutil.copytree(src / name, tmp / STORE_DIR / name, symlinks=True)
+    return kept
 
 
 def _replace(tmp: Path, out: Path) -> None:
