@@ -254,3 +254,23 @@ def test_a_re_export_keeps_the_tasks_its_model_can_serve(root, tmp_path):
     (tmp_path / "other").mkdir()
     assert carry_created(root, tmp_path / "other", other) == []
     assert not (tmp_path / "other" / "created").exists()
+
+
+@pytest.mark.parametrize("name", ["../bundle", "..", "a/b", "x\x00y", "", "café"])
+def test_a_name_no_task_can_have_is_never_a_path(root, name):
+    """A name that is a path (or holds a NUL) is no task's: looked up, deleted or made, it is
+    refused in one line and nothing outside the store is touched."""
+    (root / "created").mkdir(exist_ok=True)
+    with opened(root) as rt:
+        assert not rt.has_task(name)
+        with pytest.raises(PrefixEdgeError):
+            rt.task_info(name)
+        with pytest.raises(PrefixEdgeError):
+            rt.remove_task(name)
+        with pytest.raises(PrefixEdgeError) as e:
+            rt.add_task(name, system="w1")
+        assert e.value.param == "name"
+    with pytest.raises(PrefixEdgeError):
+        Bundle.open(root).store.remove(name)
+    assert (root / "manifest.json").is_file() and sorted(p.name for p in root.iterdir()) == \
+        ["created", "manifest.json", "onnx", "prefixes", "tokenizer"]

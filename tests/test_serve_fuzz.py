@@ -320,6 +320,10 @@ def test_path_parameters(server, method):
             m = c.request(method, f"{server}/v1/models/{rid}")
             assert m.status_code in ((404, 414) if method == "GET" else (405, 414)), (rid, m.text)
             assert "error" in m.json(), m.text
+            t = c.request(method, f"{server}/v1/tasks/{rid}")  # a name no task has: never a path
+            # (GET: no such task; DELETE: the task API is off on this server)
+            assert t.status_code in ((404, 414) if method == "GET" else (403, 404, 414)), (rid, t.text)
+            assert "error" in t.json(), t.text
         for url in ("/v1/models", "/health", "/metrics"):
             r = c.request(method, server + url, content=b'{"a": [[[[[')
             assert r.status_code == (200 if method == "GET" else 405), (url, r.text)

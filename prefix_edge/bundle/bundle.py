@@ -81,10 +81,13 @@ class Bundle:
 
     def task_file(self, task: str, rel: str) -> Path:
         """A task's file: the bundle's, or a created task's in its folder (confined to it)."""
+        root, rel = self._task_root(task, rel)
+        return confined(root, rel, f"{'created ' if task in self.created else ''}task '{task}'")
+
+    def _task_root(self, task: str, rel: str) -> tuple[Path, str]:
+        """(the folder a task's files are relative to, `rel`): the bundle, or a created task's."""
         created = self.created.get(task)
-        if created is not None:
-            return confined(created.folder, rel, f"created task '{task}'")
-        return self.path(rel, f"task '{task}'")
+        return (created.folder, rel) if created is not None else (self.root, rel)
 
     def __repr__(self) -> str:
         return f"Bundle({str(self.root)!r})"
@@ -177,7 +180,7 @@ class Bundle:
         path = self.task_file(task, entry.file)
         if not path.is_file():
             raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} is missing from the bundle")
-        root, rel = path.parent, path.name
+        root, rel = self._task_root(task, entry.file)
         if path.stat().st_size != entry.bytes or file_hashes(root, [rel], verify)[rel] != entry.sha256:
             raise PrefixEdgeError(f"task '{task}': prefix file {entry.file} does not match its manifest "
                                   "entry (corrupt, replaced or edited); re-export the bundle")
@@ -190,14 +193,15 @@ class Bundle:
         what it loaded."""
         path = self.prefix_file(task, backend, fingerprint, verify)
         tensors, meta = prefixfile.read(path)
-        checked = verify == "cached" and passed(path.parent, path.name, f"{backend}:{fingerprint}")
+        checked = verify == "cached" and passed(*self._task_root(task, self.manifest.tasks[task].prefixes[backend].file),
+                                                f"{backend}:{fingerprint}")
         return tensors, meta, path, checked
 
     def prefix_passed(self, task: str, backend: str, fingerprint: str) -> None:
         """Remember that the task's prefix file passed every check for this model (its stat
         identity and hash with it), so the next load skips the engine's walk of its values."""
-        path = self.task_file(task, self.manifest.tasks[task].prefixes[backend].file)
-        remember_pass(path.parent, path.name, f"{backend}:{fingerprint}")
+        remember_pass(*self._task_root(task, self.manifest.tasks[task].prefixes[backend].file),
+                      f"{backend}:{fingerprint}")
 
     def check_prefix(self, task: str, path: Path, meta: dict[str, str], n_tokens: int, n_virtual: int,
                      fingerprint: str) -> None:

@@ -135,9 +135,18 @@ class TaskStore:
                 problems.append(str(e))
         return tasks, problems
 
+    def folder(self, name: str) -> Path:
+        """A task's folder; a name no task can have (a path, a NUL, ...) is refused."""
+        from ..tasks import task_name_problem
+
+        problem = task_name_problem(name) if isinstance(name, str) else "a task's name is a string"
+        if problem:
+            raise PrefixEdgeError(f"task {name!r}: {problem}", param="name")
+        return self.root / name
+
     def read_one(self, name: str) -> CreatedTask:
         """One task's entry, checked (its prefix files' hashes too); a one-line refusal."""
-        folder = self.root / name
+        folder = self.folder(name)
         where = f"created task '{name}' ({folder / ENTRY})"
         try:
             path = folder / ENTRY
@@ -187,6 +196,7 @@ class TaskStore:
     def create(self, name: str, info: TaskInfo, spec: dict, prefixes: dict[str, Path]) -> CreatedTask:
         """A new task from its entry and its prefix files (written elsewhere: moved in), in
         place at once or not at all; TaskExists if the name is taken."""
+        final = self.folder(name)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".new-{name}-{secrets.token_hex(4)}"
         tmp.mkdir()
@@ -225,7 +235,7 @@ class TaskStore:
 
     def remove(self, name: str) -> bool:
         """Delete a task (renamed away first: never half a task); False if there was none."""
-        folder = self.root / name
+        folder = self.folder(name)
         if not (folder / ENTRY).is_file():
             return False
         gone = self.root / f".gone-{name}-{secrets.token_hex(4)}"

@@ -39,7 +39,7 @@ from ..bundle.manifest import TaskInfo, TaskPrefixFile, task_digest
 from ..bundle.prefixfile import PREFIX_FORMAT_VERSION
 from ..bundle.verify import sha256_file
 from ..errors import EngineError, PrefixEdgeError
-from ..tasks import TEXT_KEYS, fill_template, ids_sha256, parse_task, prefix_ids, render_task
+from ..tasks import TEXT_KEYS, fill_template, ids_sha256, parse_task, prefix_ids, render_task, task_name_problem
 from .engines.protocol import PREFILL_CHUNK
 
 TASK_BYTES = 64 << 20     # one created task's prefix file, at most (Runtime.open task_bytes)
@@ -201,6 +201,8 @@ class CreatedTasks:
     # -- the rest ------------------------------------------------------------------------------
     def remove(self, name: str) -> bool:
         """Delete a created task: calls already running finish, new ones find no task."""
+        if not isinstance(name, str) or task_name_problem(name):
+            raise UnknownTask(f"no created task {name!r}", param="name")
         if name in self.bundle.exported:
             raise ExportedTask(f"task '{name}' is the bundle's own (exported); only created tasks can be deleted",
                                param="name")
@@ -236,9 +238,11 @@ class CreatedTasks:
                 "budget_bytes": self.store_bytes}
 
     def _stamp(self, name: str) -> tuple | None:
+        if task_name_problem(name):
+            return None
         try:
             st = (self.bundle.store.root / name / "task.json").stat()
-        except OSError:
+        except (OSError, ValueError):
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
@@ -246,8 +250,8 @@ class CreatedTasks:
         """Before a call of task `name`: a created task deleted or replaced in the store since
         this runtime read it (another process: a replica, the CLI) is dropped or read again, one
         created there read in (and baked for this engine where its store has no prefix of it)."""
-        if not isinstance(name, str) or name in self.bundle.exported:
-            return
+        if not isinstance(name, str) or name in self.bundle.exported or task_name_problem(name):
+            return  # (a name no task can have is never looked up on disk: no path from it)
         stamp = self._stamp(name)
         if stamp == self._seen.get(name) and (stamp is None) == (name not in self.bundle.created):
             return
