@@ -73,6 +73,21 @@ def _read_secret(path: Path) -> bytes | None:
         os.close(fd)
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entry to disk (a rename made durable); where the OS or
+    the path does not allow it, nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _make_secret(path: Path) -> None:
     """A new key at `path`: written to a temporary file (0600) then linked in, so a process
     that reads it never sees half a key; the first of several processes wins, one that finds

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import PrefixEdgeError
+from ..paths import fsync_path
 from .check import check_task_dict
 from .manifest import Manifest, TaskInfo, TaskPrefixFile
 from .verify import sha256_file
@@ -95,19 +96,6 @@ def _write(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _sync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class TaskStore:
@@ -206,7 +194,7 @@ class TaskStore:
                 os.replace(src, tmp / p.file)
             task = CreatedTask(name, info, spec, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.root / name)
             _write(tmp / ENTRY, _entry(task, model_digest(self.manifest)))
-            _sync_dir(tmp)
+            fsync_path(tmp)
             if (self.root / name).exists():
                 raise TaskExists(f"task '{name}' exists already", param="name")
             try:
@@ -215,7 +203,7 @@ class TaskStore:
                 if (self.root / name).exists():
                     raise TaskExists(f"task '{name}' exists already", param="name") from None
                 raise
-            _sync_dir(self.root)
+            fsync_path(self.root)
             return task
         finally:
             if tmp.exists():
@@ -230,7 +218,7 @@ class TaskStore:
         tmp = task.folder / f".{ENTRY}.{secrets.token_hex(4)}"
         _write(tmp, _entry(new, model_digest(self.manifest)))
         os.replace(tmp, task.folder / ENTRY)
-        _sync_dir(task.folder)
+        fsync_path(task.folder)
         return new
 
     def remove(self, name: str) -> bool:
@@ -243,7 +231,7 @@ class TaskStore:
             os.rename(folder, gone)
         except FileNotFoundError:
             return False
-        _sync_dir(self.root)
+        fsync_path(self.root)
         shutil.rmtree(gone, ignore_errors=True)
         return True
 

@@ -150,17 +150,10 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _fsync_tree(root: Path) -> None:
+    from ..paths import fsync_path
+
     for p in sorted(root.rglob("*"), reverse=True):
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_path(p)
 
 
 def carry_created(out: Path, tmp: Path, manifest) -> list[str]:
