@@ -26,14 +26,9 @@ def _fields(name: str, file: Optional[Path], fields: Optional[str], system: Opti
             prefix: Optional[str], template: Optional[str]) -> dict:
     out: dict = {}
     if file is not None:
-        import tomllib
+        from ..tasks.taskfile import read_task_file
 
-        try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise PrefixEdgeError(f"{file}: task file not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise PrefixEdgeError(f"{file}: not a valid TOML file: {e}") from None
+        data = read_task_file(file)
         table = (data.get("task") or {}).get(name) if isinstance(data.get("task"), dict) else None
         if not isinstance(table, dict):
             raise PrefixEdgeError(f"{file}: no [task.{name}] table")

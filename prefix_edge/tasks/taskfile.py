@@ -109,17 +109,23 @@ def _check_type(path: Path, task: str, key: str, value: Any, typ: type) -> Any:
     return value
 
 
-def load_tasks(path: str | Path) -> list[TaskSpec]:
-    """Parse and validate a task file. Every problem names the file, the task and the key."""
+def read_task_file(path: str | Path) -> dict:
+    """A task file's TOML as a dict; a missing or unreadable one is one line."""
     import tomllib  # here: the runtime imports this module, but never reads a task file
 
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PrefixEdgeError(f"{path}: task file not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise PrefixEdgeError(f"{path}: not a valid TOML file: {e}") from None
+
+
+def load_tasks(path: str | Path) -> list[TaskSpec]:
+    """Parse and validate a task file. Every problem names the file, the task and the key."""
+    path = Path(path)
+    data = read_task_file(path)
     extra = set(data) - {"task"}
     if extra:
         raise _err(path, None, sorted(extra)[0], "unknown top-level key (tasks go in [task.NAME] tables)")
