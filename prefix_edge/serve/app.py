@@ -18,6 +18,7 @@ limits.py; shutdown: lifecycle.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import FastAPI, Request
@@ -140,16 +141,20 @@ def create_app(rt, api_key: str | None = None, cors_origins: list[str] | None = 
         return model_card(name) if target is None else {**model_card(target), "id": name, "alias_of": target}
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [card(name) for name in names() + sorted(state.aliases)
-                                           if name in state.aliases or name == BASE_MODEL or name in rt.tasks]}
+    async def models():  # in a worker thread: a created task's card may read the task store
+        return await asyncio.to_thread(lambda: {"object": "list", "data": [
+            card(name) for name in names() + sorted(state.aliases)
+            if name in state.aliases or name == BASE_MODEL or name in rt.tasks]})
 
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str):
-        if model_id not in tasks and model_id != BASE_MODEL and model_id not in state.aliases:
-            return error(404, f"the model `{model_id}` does not exist", param="model",
-                         code="model_not_found")
-        return card(model_id)
+        def one():
+            if model_id not in tasks and model_id != BASE_MODEL and model_id not in state.aliases:
+                return error(404, f"the model `{model_id}` does not exist", param="model",
+                             code="model_not_found")
+            return card(model_id)
+
+        return await asyncio.to_thread(one)
 
     from starlette.exceptions import HTTPException
 
