@@ -37,6 +37,10 @@ CASES = {
     "exaone4-window": ("exaone4", dict(num_hidden_layers=4, sliding_window=8)),
     "hunyuan": ("hunyuan", dict(rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})),
     "ernie4_5": ("ernie4_5", {}),
+    # transformers 5's: OLMo 3 (sliding 3:1, a window of 8), Ministral 3 (YaRN, the query scaled
+    # by position past 16)
+    "olmo3": ("olmo3", {}),
+    "ministral3": ("ministral3", {}),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),

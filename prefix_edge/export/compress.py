@@ -78,15 +78,14 @@ def check_model(hf_dir: Path, info) -> None:
     if info.sliding_layers:
         raise PrefixEdgeError("--compress-prefix: this model has sliding-window layers (their window "
                               "would cover other tokens after compression); export it without")
-    from .source import recurrent_layers
+    from .source import recurrent_layers, rope_parameters
 
     cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     if recurrent_layers(cfg):
         raise PrefixEdgeError(f"--compress-prefix: this model has recurrent ({recurrent_layers(cfg)}) "
                               "layers, whose state after the prefix holds every token and cannot be "
                               "reduced to a subset; export it without")
-    scaling = cfg.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    kind = rope_parameters(cfg)["rope_type"]
     if kind not in ("default", "llama3", "linear", "yarn"):
         raise PrefixEdgeError(f"--compress-prefix: RoPE scaling {kind!r} changes its frequencies with "
                               "the length, so a shifted prefix would not attend as the whole one; "

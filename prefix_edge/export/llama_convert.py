@@ -134,12 +134,47 @@ def convert(hf_dir: Path, out: Path, outtype: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     cmd = [sys.executable, "-m", "prefix_edge.export._run_llama_converter", str(conv),
-           str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
+           str(hf_dir), "--outfile", str(tmp), "--outtype", outtype, *_without_missing_mtp(Path(hf_dir))]
     got = subprocess.run(cmd, capture_output=True, text=True)
     if got.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         raise PrefixEdgeError(_reason(got.stdout + got.stderr, Path(hf_dir)))
     os.replace(tmp, out)
+
+
+# architectures whose converter adds the checkpoint's multi-token-prediction head to the GGUF (as
+# extra "nextn" blocks, llama.cpp's MTP drafter) and asserts a checkpoint has one
+MTP_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM")
+
+
+def mtp_layers(hf_dir: Path) -> int:
+    """How many MTP layers the checkpoint's weights hold (0: none; tensors `mtp.*`)."""
+    import json
+
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        names = list(json.loads(index.read_text()).get("weight_map", {}))
+    else:
+        from safetensors import safe_open
+
+        names = []
+        for f in sorted(hf_dir.glob("*.safetensors")):
+            with safe_open(str(f), "np") as h:
+                names += list(h.keys())
+    layers = {n.split(".")[2] for n in names if n.startswith(("mtp.layers.", "model.mtp.layers."))
+              for n in [n.removeprefix("model.")]}
+    return len(layers) or int(any(n.removeprefix("model.").startswith("mtp.") for n in names))
+
+
+def _without_missing_mtp(hf_dir: Path) -> list[str]:
+    """`--no-mtp` for a checkpoint of an MTP architecture that ships no MTP head (llama.cpp's
+    converter would assert on it); a head it has is kept in the GGUF."""
+    import json
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    if (cfg.get("architectures") or ["?"])[0] not in MTP_ARCHITECTURES:
+        return []
+    return [] if mtp_layers(hf_dir) else ["--no-mtp"]
 
 
 def _reason(log: str, hf_dir: Path) -> str:

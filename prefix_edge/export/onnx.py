@@ -19,9 +19,34 @@ from pathlib import Path
 from ..errors import PrefixEdgeError
 
 
+def optimum_unavailable() -> str | None:
+    """Why optimum's builder cannot run in this environment (None: it can). optimum-onnx 0.1.0,
+    its current release, requires transformers < 4.58, and export runs on transformers 5; so it
+    is an extra of its own (`prefix-edge[optimum]`), for an environment of its own."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    try:
+        have = md.version("optimum-onnx")
+    except md.PackageNotFoundError:
+        return "optimum-onnx is not installed (pip install 'prefix-edge[optimum]': it needs transformers < 4.58)"
+    import transformers
+
+    for r in map(Requirement, md.requires("optimum-onnx") or ()):
+        if r.name == "transformers" and not r.specifier.contains(transformers.__version__, prereleases=True):
+            return (f"optimum-onnx {have} requires transformers{r.specifier}, and transformers "
+                    f"{transformers.__version__} is installed")
+    return None
+
+
 def export_onnx(hf_dir: Path, out_dir: Path, warn=None, report: dict | None = None) -> Path:
     """Export an fp32 graph with past KV inputs; return the path of model.onnx. `warn(msg)`
     gets a line when the fusions fail or match nothing; `report` receives the fused-op counts."""
+    why = optimum_unavailable()
+    if why is not None:
+        raise PrefixEdgeError(f"--onnx-builder optimum: {why}; the default builder (the own ONNX graph) "
+                              "needs no optimum")
     from optimum.exporters.onnx import main_export
 
     out_dir.mkdir(parents=True, exist_ok=True)

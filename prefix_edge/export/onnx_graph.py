@@ -72,6 +72,7 @@ from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, SSM_IN, SSM_OUT, STATE_IN,
                           granite_h_layers, lfm2_layers, lfm2_weights, mamba2, short_conv)
 from .onnx_source import (HUNYUAN, POST_NORMS, gemma3_config as _gemma3, read_config as _config,
                           read_weights as _weights, refuse as _refuse, rope_cache)
+from .source import rope_parameters
 
 OPSET = 18  # Split's num_outputs
 HIDDEN_STATES = "hidden_states"  # the output embeddings read (a bundle without it: no onnx embeddings)
@@ -102,7 +103,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
     # the rotary (Hunyuan: the rotary leaves GQA), or none
     qk_norm = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
-               LFM2: "head", "Olmo2ForCausalLM": "whole", HUNYUAN: "after_rope"}.get(arch)
+               LFM2: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole",
+               HUNYUAN: "after_rope"}.get(arch)
     qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
         arch, ("q_norm", "k_norm"))
     conv = [False] * n_layers  # LFM2's short-convolution layers (a state, no KV)
@@ -152,6 +154,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         sliding = [t == "sliding_attention" for t in ec.layer_types]
         windows = [window if s else -1 for s in sliding]
         rope_on = [s or ec.sliding_window is None for s in sliding]
+    if arch == "Olmo3ForCausalLM":  # sliding layers: the window and their own RoPE parameters
+        from transformers import AutoConfig
+
+        local = [t == "sliding_attention" for t in AutoConfig.from_pretrained(str(hf_dir)).layer_types]
+        windows = [window if s else -1 for s in local]
+    # Ministral 3 (Llama 4's): the query times 1 + beta * log(1 + floor(position / original max))
+    q_scale = rope_parameters(cfg).get("llama_4_scaling_beta") if arch == "Ministral3ForCausalLM" else None
     res_mult = float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0
     if arch == "Phi3ForCausalLM":  # fused projections, split as HF splits them
         q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
@@ -207,6 +216,11 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         # q, k and v in one MatMul: GroupQueryAttention takes the packed [q; k; v] rows
         qkv = linear(h, [f"{p}.self_attn.{x}_proj" for x in "qkv"], f"/{p}/attn/qkv_proj")
         qkv_in = [qkv, "", ""]
+        if q_scale is not None:  # the query scaled by position: unpacked
+            q, k, v = node("Split", [qkv, init(f"/{p}/attn/sizes", np.array(
+                [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], np.int64))],
+                [f"/{p}/attn/q", f"/{p}/attn/k", f"/{p}/attn/v"], f"/{p}/attn/Split", axis=-1)
+            qkv_in = [node("Mul", [q, query_scale()], [f"/{p}/attn/q_scaled"], f"/{p}/attn/q_scale"), k, v]
         if qk_norm:  # q/k norms between the projection and the attention: unpacked
             q, k, v = node("Split", [qkv, init(f"/{p}/attn/sizes", np.array(
                 [n_heads * head_dim, n_kv * head_dim, n_kv * head_dim], np.int64))],
@@ -247,6 +261,17 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                      "/pos/Range")
         return node("Add", [node("Unsqueeze", [past, init("/pos/axis", np.array([1], np.int64))], ["/pos/past_col"],
                                  "/pos/Unsqueeze"), steps], ["position_ids"], "/pos/Add")
+
+    def query_scale() -> str:
+        """[batch, seq, 1]: each token's query factor (Ministral 3), from a table by position. Made once."""
+        if any(n.output[0] == "/qscale/out" for n in nodes):
+            return "/qscale/out"
+        orig = float(rope_parameters(cfg).get("original_max_position_embeddings") or n_pos)
+        table = 1.0 + float(q_scale) * np.log1p(np.floor(np.arange(n_pos, dtype=np.float64) / orig))
+        col = node("Gather", [init("/qscale/table", table.astype(np.float32)), positions()], ["/qscale/col"],
+                   "/qscale/Gather")
+        return node("Unsqueeze", [col, init("/qscale/axis", np.array([-1], np.int64))], ["/qscale/out"],
+                    "/qscale/Unsqueeze")
 
     has_kv = [not mamba[i] and not conv[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
     if g3n is not None:  # KV-shared layers read their source layer's present: none of their own

@@ -116,13 +116,16 @@ def short_conv(g, h: str, p: str, i: int, hidden: int) -> str:
     return g.linear(gated, [f"{p}.conv.out_proj"], f"/{p}/conv/out_proj")
 
 
+GRANITE_H_KINDS = {"linear_attention": "mamba", "full_attention": "attention"}  # 5.x layer_types -> 4.x
+
 def granite_h_layers(hf_dir, w: dict[str, np.ndarray]) -> tuple[list[bool], object]:
     """Which layers are Mamba2 layers, and the config; the shared MLP renamed (in place) to
     the llama names (the MoE variants are refused earlier: onnx_source.read_config)."""
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(str(hf_dir))
-    bad = sorted({t for t in c.layers_block_type if t not in ("mamba", "attention")})
+    kinds = [GRANITE_H_KINDS.get(t, t) for t in c.layers_block_type]  # transformers 5 names them anew
+    bad = sorted({t for t in kinds if t not in ("mamba", "attention")})
     if bad:
         raise PrefixEdgeError(f"the own ONNX builder has no {bad[0]!r} layers on {GRANITE_H}")
     for i in range(c.num_hidden_layers):
@@ -130,7 +133,7 @@ def granite_h_layers(hf_dir, w: dict[str, np.ndarray]) -> tuple[list[bool], obje
         gate, up = np.split(w.pop(f"{p}.shared_mlp.input_linear.weight"), 2, axis=0)
         w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
         w[f"{p}.mlp.down_proj.weight"] = w.pop(f"{p}.shared_mlp.output_linear.weight")
-    return [t == "mamba" for t in c.layers_block_type], c
+    return [t == "mamba" for t in kinds], c
 
 
 def falcon_h1_weights(hf_dir, w: dict[str, np.ndarray]):

@@ -12,12 +12,13 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from .onnx_gemma3n import GEMMA3N
 from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2
+from .source import rope_parameters
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
-                 LFM2, GRANITE_H, FALCON_H1, GEMMA3N)
-POST_NORMS = ("Olmo2ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
+                 LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM")
+POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -36,8 +37,8 @@ def read_config(hf_dir: Path) -> dict:
         gguf = " --format gguf (llama.cpp's converter knows it), or" if converter_knows(arch) else ""
         raise PrefixEdgeError(f"the own ONNX builder does not know {arch} (it builds "
                               f"{', '.join(ARCHITECTURES)}); export with{gguf} --onnx-builder optimum")
-    scaling = cfg.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    scaling = rope_parameters(cfg)
+    kind = scaling["rope_type"]
     if kind == "dynamic" and arch == HUNYUAN and scaling.get("alpha"):
         kind = "default"  # NTK alpha: a fixed base up to max_position_embeddings (rope_cache)
     if kind not in ROPE_TYPES:
@@ -96,22 +97,26 @@ def read_weights(hf_dir: Path) -> dict[str, np.ndarray]:
 def rope_cache(hf_dir: Path, n_pos: int, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos/sin [n_pos, rotary_dim/2] as transformers computes them for this config (its own
     RoPE init function: partial rotary, linear/llama3/yarn scaling, yarn's attention factor).
-    `local`: Gemma 3's sliding layers' RoPE, built as transformers builds it (rope_theta set to
-    rope_local_base_freq, default RoPE)."""
+    `local`: the sliding layers' RoPE of a config with one per layer type (Gemma 3's)."""
     import torch
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = AutoConfig.from_pretrained(str(hf_dir))
-    if local:
-        config.rope_theta, config.rope_scaling = config.rope_local_base_freq, {"rope_type": "default"}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or "default"
-    if kind == "dynamic" and scaling.get("alpha"):  # Hunyuan's NTK alpha
-        dim = config.head_dim  # as HunYuanDenseV1RotaryEmbedding: the base scaled, no attention factor
-        base = config.rope_theta * scaling["alpha"] ** (dim / (dim - 2))
-        inv, scale = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), 1.0
+    config = getattr(config, "text_config", None) or config
+    layer_type = "sliding_attention" if local else "full_attention"
+    nested = all(isinstance(v, dict) for v in (config.rope_parameters or {}).values())
+    p = rope_parameters({"rope_parameters": config.rope_parameters,
+                         "partial_rotary_factor": getattr(config, "partial_rotary_factor", None)}, layer_type)
+    kind = p["rope_type"]
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if kind == "default" or (kind == "dynamic" and p.get("alpha")):
+        base = float(p["rope_theta"])
+        if kind == "dynamic":  # Hunyuan's NTK alpha, as HunYuanDenseV1RotaryEmbedding: the base scaled
+            base *= p["alpha"] ** (dim / (dim - 2))
+        dim = int(dim * float(p.get("partial_rotary_factor") or 1.0))
+        inv, scale = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), 1.0
     else:
-        inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+        inv, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu", layer_type=layer_type if nested else None)
     freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * inv.float()[None, :]
     return (freqs.cos() * scale).numpy().astype(np.float32), (freqs.sin() * scale).numpy().astype(np.float32)

@@ -100,15 +100,50 @@ def _match_gguf_bos(tok, gguf_path: Path) -> int:
     return int(ctx.parts[ctx.data[0]][0]) if ctx is not None else 2048
 
 
+def rope_parameters(cfg: dict, layer_type: str | None = None) -> dict:
+    """A config.json's rotary settings in either form, flat: transformers 5's `rope_parameters`
+    (one dict, or one per layer type as Gemma 3's and Gemma 4's) or 4.x's `rope_theta` +
+    `rope_scaling` (+ `partial_rotary_factor`, Gemma 3's `rope_local_base_freq` for its sliding
+    layers). Always holds rope_type and rope_theta; the scaling's own keys beside them."""
+    p = cfg.get("rope_parameters")
+    if isinstance(p, dict) and p and all(isinstance(v, dict) for v in p.values()):
+        p = p.get(layer_type or "full_attention") or next(iter(p.values()))
+    if isinstance(p, dict) and p:
+        out = dict(p)
+    elif layer_type == "sliding_attention" and cfg.get("rope_local_base_freq"):
+        out = {"rope_type": "default", "rope_theta": cfg["rope_local_base_freq"]}
+    else:
+        out = dict(cfg.get("rope_scaling") or {})
+        out.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    if "type" in out:  # the oldest spelling
+        out.setdefault("rope_type", out.pop("type"))
+    out.setdefault("rope_type", "default")
+    out.setdefault("rope_theta", 10000.0)
+    if "partial_rotary_factor" not in out and cfg.get("partial_rotary_factor") is not None:
+        out["partial_rotary_factor"] = cfg["partial_rotary_factor"]
+    return out
+
+
+def rope_info(cfg: dict) -> dict:
+    """ModelInfo.rope of a config.json: theta, the scaling (None for plain RoPE) and partial rotary."""
+    p = rope_parameters(cfg)
+    scaling = {k: v for k, v in p.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    rope = {"theta": float(p["rope_theta"]), "scaling": None if scaling == {"rope_type": "default"} else scaling}
+    if p.get("partial_rotary_factor") not in (None, 1, 1.0):
+        rope["partial_rotary_factor"] = float(p["partial_rotary_factor"])
+    return rope
+
+
 def model_info(hf_dir: Path, source: str, eos_token_ids: list[int]) -> ModelInfo:
     cfg = json.loads((hf_dir / "config.json").read_text())
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rope = {"theta": cfg.get("rope_theta", 10000.0), "scaling": cfg.get("rope_scaling")}
+    rope = rope_info(cfg)
     sliding = [i for i, t in enumerate(cfg.get("layer_types") or []) if t == "sliding_attention"]
     return ModelInfo(
         architecture=(cfg.get("architectures") or ["?"])[0], model_type=cfg.get("model_type", "?"),
-        n_layers=cfg["num_hidden_layers"], n_heads=heads,
+        n_layers=cfg.get("num_hidden_layers") or len(cfg.get("layers_block_type") or cfg["layer_types"]),
+        n_heads=heads,
         n_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
         hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"],
         n_ctx=cfg.get("max_position_embeddings", 2048), rope=rope,
@@ -127,8 +162,10 @@ def recurrent_layers(cfg: dict) -> str:
     model whose every layer is attention. Their state is not a KV (llama.cpp keeps one state per
     sequence, after its last token), which a few features (a compressed prefix, prefix tuning)
     need."""
+    if cfg.get("model_type") in _RECURRENT_MODELS:  # its layer_types may name them otherwise (5.x Granite-H)
+        return _RECURRENT_MODELS[cfg["model_type"]]
     kinds = {_RECURRENT_LAYER_TYPES[t] for t in cfg.get("layer_types") or [] if t in _RECURRENT_LAYER_TYPES}
-    return ", ".join(sorted(kinds)) or _RECURRENT_MODELS.get(cfg.get("model_type", ""), "")
+    return ", ".join(sorted(kinds))
 
 
 def eos_ids(hf_dir: Path, tokenizer) -> list[int]:

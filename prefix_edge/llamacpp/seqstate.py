@@ -30,6 +30,10 @@ run n-window+j .. n-1, then n-window .. n-window+j-1. When
 every layer slides (a small Gemma 3), the full-attention part holds the cells and no layer
 (n_layer 0).
 
+A model with M-RoPE (Qwen3.5: `rope.dimension_sections` in its GGUF) writes CELL_EXT more bytes
+in each cell, after n_seq_id and before the sequence ids (its cells' extra rotary coordinates
+and token): kept as they are; the engine's probe tells which (runtime/engines/llama/state.py).
+
 A hybrid model (LFM2, Granite 4.0-H, Falcon-H1: llama.cpp's llama_memory_hybrid) writes its
 attention layers' part as above, then its recurrent layers' state: one cell, the state after
 the last token (seqstate_recurrent.py).
@@ -51,6 +55,7 @@ GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 = 0, 1, 30, 8
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34  # ggml's block_q8_0: f16 scale d, then 32 int8 values
 _TYPE_NAMES = {GGML_TYPE_F32: "f32", GGML_TYPE_F16: "f16", GGML_TYPE_BF16: "bf16",
                2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0"}
+CELL_EXT = 12           # an M-RoPE model's per-cell extension (llama-cpp-python 0.3.36)
 _MAX_SEQ = 256          # LLAMA_MAX_SEQ: a cell cannot belong to more sequences than this
 _MAX_LAYERS = 4096
 _MAX_EMBD = 1 << 20
@@ -151,10 +156,11 @@ def _view(blob) -> memoryview:
 
 
 def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: int = 1,
-                    recurrent: int | None = 0) -> SeqStateInfo:
+                    recurrent: int | None = 0, cell_ext: int = 0) -> SeqStateInfo:
     """Walk a whole blob; raise PrefixEdgeError unless it is one well-formed sequence state of
     `parts` KV caches' parts (2: a model with sliding-window layers), then, where `recurrent`
-    is not 0, a recurrent part of that many layers (None: as many as it holds)."""
+    is not 0, a recurrent part of that many layers (None: as many as it holds). `cell_ext`: the
+    bytes each cell carries after its n_seq_id (CELL_EXT for an M-RoPE model, else 0)."""
     buf = _view(blob)
     r = _Reader(buf)
     magic = r.read("<I", "magic")
@@ -162,7 +168,7 @@ def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: in
         raise PrefixEdgeError(f"not a llama.cpp seq-state blob: magic {magic:#010x}, "
                               f"expected {SEQ_STATE_MAGIC:#010x}")
     seq_id = r.read("<i", "seq_id")
-    found = [_read_part(r, seq_id, k) for k in range(parts)]
+    found = [_read_part(r, seq_id, k, cell_ext) for k in range(parts)]
     rec = read_recurrent(r, recurrent) if recurrent != 0 else None
     if r.off != len(buf):
         raise PrefixEdgeError(f"seq-state blob has {len(buf) - r.off} trailing bytes after "
@@ -174,7 +180,7 @@ def parse_seq_state(blob: bytes | bytearray | memoryview | np.ndarray, parts: in
     return info
 
 
-def _read_part(r: _Reader, seq_id: int, k: int) -> SeqStateInfo:
+def _read_part(r: _Reader, seq_id: int, k: int, cell_ext: int = 0) -> SeqStateInfo:
     start = r.off
     what = "" if k == 0 else "sliding-window cache: "
     n_stream = r.read("<I", what + "n_stream")
@@ -182,10 +188,10 @@ def _read_part(r: _Reader, seq_id: int, k: int) -> SeqStateInfo:
         raise PrefixEdgeError(f"seq-state blob has {n_stream} KV streams; this runtime reads "
                               "blobs of one-sequence contexts (exactly 1 stream)")
     cell_count = r.read("<I", what + "cell_count")
-    if cell_count * 12 > len(r.buf) - r.off:   # a cell is at least pos + n_seq_id + one seq id
+    if cell_count * (12 + cell_ext) > len(r.buf) - r.off:   # a cell: pos, n_seq_id, its extension, a seq id
         raise PrefixEdgeError(f"seq-state blob truncated or corrupt: cell_count {cell_count} "
-                              f"needs over {cell_count * 12} bytes, {len(r.buf) - r.off} left")
-    positions, cell_seq = _read_cells(r, cell_count)
+                              f"needs over {cell_count * (12 + cell_ext)} bytes, {len(r.buf) - r.off} left")
+    positions, cell_seq = _read_cells(r, cell_count, cell_ext)
     info = SeqStateInfo(seq_id, n_stream, cell_count, positions, cell_seq, False, 0)
     if cell_count:
         _read_data(r, info)
@@ -193,13 +199,14 @@ def _read_part(r: _Reader, seq_id: int, k: int) -> SeqStateInfo:
     return info
 
 
-def _read_cells(r: _Reader, n: int) -> tuple[np.ndarray, np.ndarray]:
-    # fast path: every cell in exactly one sequence -> fixed 12-byte records
-    if n and r.off + 12 * n <= len(r.buf):
-        rec = np.frombuffer(r.buf, "<i4", count=3 * n, offset=r.off).reshape(n, 3)
+def _read_cells(r: _Reader, n: int, ext: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    # fast path: every cell in exactly one sequence -> fixed (12 + ext)-byte records
+    size = 12 + ext
+    if n and r.off + size * n <= len(r.buf):
+        rec = np.frombuffer(r.buf, "<i4", count=size // 4 * n, offset=r.off).reshape(n, size // 4)
         if np.all(rec[:, 1] == 1):
-            r.off += 12 * n
-            return rec[:, 0].copy(), rec[:, 2].copy()
+            r.off += size * n
+            return rec[:, 0].copy(), rec[:, -1].copy()
     pos = np.empty(n, np.int32)
     seq = np.empty(n, np.int32)
     for i in range(n):
@@ -208,6 +215,8 @@ def _read_cells(r: _Reader, n: int) -> tuple[np.ndarray, np.ndarray]:
         if k > _MAX_SEQ:
             raise PrefixEdgeError(f"seq-state blob corrupt: cell {i} claims {k} sequences "
                                   f"(at most {_MAX_SEQ})")
+        if ext:
+            r.skip(ext, f"cell {i} extension")
         ids = [r.read("<i", f"cell {i} seq_id") for _ in range(k)]
         seq[i] = ids[0] if k == 1 else -1
     return pos, seq

@@ -128,7 +128,7 @@ def in_stream(blob: np.ndarray, stream: int, n_stream: int, info: SeqStateInfo |
 
 
 def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1,
-                  recurrent: int | None = 0) -> np.ndarray:
+                  recurrent: int | None = 0, cell_ext: int = 0) -> np.ndarray:
     """The inverse of in_stream: the one-stream blob of `stream` from a blob that llama.cpp
     wrote for a context of `n_stream` KV streams (every other stream empty), `parts` KV caches'
     parts, then a recurrent part of `recurrent` layers (seqstate.parse_seq_state). With one
@@ -155,9 +155,9 @@ def out_of_stream(blob: np.ndarray, stream: int, n_stream: int, parts: int = 1,
         r = _Reader(memoryview(b))
         r.off = start
         n = r.read("<I", "cell_count")
-        if n * 12 > b.size - r.off:
+        if n * (12 + cell_ext) > b.size - r.off:
             raise PrefixEdgeError("seq-state blob: not a blob of one sequence's stream")
-        info = SeqStateInfo(0, 1, n, *_read_cells(r, n), False, 0)
+        info = SeqStateInfo(0, 1, n, *_read_cells(r, n, cell_ext), False, 0)
         if info.cell_count:
             _read_data(r, info)
         end = r.off + 4 * (n_stream - 1 - stream)

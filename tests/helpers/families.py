@@ -68,6 +68,29 @@ FAMILIES = {
         head_dim=16, rope_theta=1e6, rope_local_base_freq=10000.0, sliding_window=8,
         layer_types=["sliding_attention"] * 2, query_pre_attn_scalar=16, tie_word_embeddings=True,
         rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh"), 0),
+    # the end-of-2026 families (transformers 5): OLMo 3 (OLMo 2's post-norms, sliding 3:1)
+    "olmo3": ("Olmo3ForCausalLM", dict(
+        num_hidden_layers=4, sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        tie_word_embeddings=False, rms_norm_eps=1e-6), 0),
+    # Ministral 3: Mistral's layers, YaRN, and Llama 4's query scaling with the position
+    "ministral3": ("Ministral3ForCausalLM", dict(
+        head_dim=16, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1}), 0),
+    # Nemotron-H (dense): Mamba2, MLP (squared ReLU) and attention blocks, one per layer
+    "nemotronh": ("NemotronHForCausalLM", dict(
+        num_hidden_layers=4, layers_block_type=["mamba", "mlp", "attention", "mlp"], head_dim=16,
+        ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=1, conv_kernel=4, expand=2,
+        chunk_size=16, tie_word_embeddings=False, layer_norm_epsilon=1e-5), 1),
+    # Qwen3.5 (its text model): 3 Gated DeltaNet layers per gated full-attention layer, partial
+    # interleaved M-RoPE (a quarter of the head), as the 0.8B's config at a small head
+    "qwen3_5": ("Qwen3_5ForCausalLM", dict(
+        num_hidden_layers=4, head_dim=64, layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters={
+            "rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2], "mrope_interleaved": True}), 3),
 }
 # Falcon-H1's μP multipliers in the range its published configs use (the helper's config leaves
 # them at 1.0): the own ONNX graph folds each into the weights, so its tests set them all
@@ -104,7 +127,7 @@ def train_sentencepiece(out: Path):
     slow = LlamaTokenizer(vocab_file=str(out / "tokenizer.model"), legacy=False, add_bos_token=False)
     slow.chat_template = CHATML
     slow.save_pretrained(out)
-    assert not (out / "tokenizer.json").exists()
+    (out / "tokenizer.json").unlink(missing_ok=True)  # transformers 5 writes one: such checkpoints ship without
     return AutoTokenizer.from_pretrained(str(out))
 
 
@@ -117,7 +140,7 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
     cls_name, extras, _ = {**FAMILIES, **MORE}[kind]
     tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
-    vocab = -(-len(tokenizer) // 8) * 8 if kind == "granitehybrid" else len(tokenizer)
+    vocab = -(-len(tokenizer) // 8) * 8 if kind in ("granitehybrid", "nemotronh") else len(tokenizer)
     model = seeded_model(getattr(transformers, cls_name), tokenizer, vocab, {**extras, **overrides})
     model.save_pretrained(out)
     if not sentencepiece:  # (a SentencePiece one is saved as it ships, by train_sentencepiece)

@@ -299,7 +299,7 @@ class LlamaBackend(OneSequence):
         """Sequence `seq`'s KV now (all its positions), as a Prefix that seq_restore puts back
         into any sequence: a one-stream seq-state blob, like a baked prefix's."""
         blob = out_of_stream(self.raw_state(seq), seq if self.n_stream > 1 else 0, self.n_stream,
-                             self.format.parts, self.format.recurrent_layers)
+                             self.format.parts, self.format.recurrent_layers, self.format.layout.cell_ext)
         return self._mine(Prefix(np.asarray(ids, np.int64), SeqBlob(blob), {}, n_virtual=n_virtual))
 
     def _mine(self, prefix: Prefix) -> Prefix:

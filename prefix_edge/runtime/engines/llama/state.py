@@ -23,7 +23,7 @@ import numpy as np
 from ....bundle import prefixfile
 from ....errors import PrefixEdgeError
 from ....llamacpp.lib import KV_TYPES, STATE_FORMAT, _format_part, state_version
-from ....llamacpp.seqstate import (GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state,
+from ....llamacpp.seqstate import (CELL_EXT, GGML_TYPE_Q8_0, Q8_0_BLOCK, Q8_0_BYTES, all_finite, check_seq_state,
                                    parse_seq_state)
 from ....llamacpp.seqstate_write import out_of_stream, row_bytes
 from ..kv import KvLayers
@@ -57,6 +57,7 @@ class Layout:
     n_kv_heads: int | None = None  # of the attention layers (llama.cpp reports layer 0's)
     base_bytes: int = 0            # a state's bytes that do not grow with its cells
     window: bool = True            # the model's n_swa is a sliding-window cache (EXAONE 4.0: not)
+    cell_ext: int = 0              # bytes a cell carries beyond pos/n_seq_id/seq ids (M-RoPE: CELL_EXT)
 
 
 def read_layout(be, hybrid: bool) -> Layout:
@@ -68,14 +69,19 @@ def read_layout(be, hybrid: bool) -> Layout:
     try:
         be.forward([(0, 0, np.zeros(2, np.int64))])
         raw = be.raw_state(0)
-        err = None
-        for parts in (1, 2):
-            try:
-                info = parse_seq_state(out_of_stream(raw.copy(), 0, be.n_stream, parts, None if hybrid else 0),
-                                       parts, None if hybrid else 0)
+        err, info = None, None
+        for ext in (0, CELL_EXT):  # an M-RoPE model's cells carry more (Qwen3.5)
+            for parts in (1, 2):
+                try:
+                    info = parse_seq_state(out_of_stream(raw.copy(), 0, be.n_stream, parts, None if hybrid else 0, ext),
+                                           parts, None if hybrid else 0, ext)
+                    if list(info.positions) != [0, 1]:
+                        raise PrefixEdgeError(f"the probe's cells hold positions {list(info.positions)}, not [0, 1]")
+                    break
+                except PrefixEdgeError as e:
+                    err, info = err or e, None
+            if info is not None:
                 break
-            except PrefixEdgeError as e:
-                err = err or e
         else:
             raise err
     except PrefixEdgeError as e:
@@ -92,7 +98,8 @@ def read_layout(be, hybrid: bool) -> Layout:
                else lay.k_row_bytes // (4 if lay.k_type == 0 else 2))
     return Layout(parts=len(info.parts), swa_n_layer=info.swa.n_layer if info.swa else 0, kv_layers=info.n_layer,
                   recurrent=info.recurrent.facts() if info.recurrent else None,
-                  n_kv_heads=per_row // be.head_dim, base_bytes=int(raw.nbytes), window=info.swa is not None)
+                  n_kv_heads=per_row // be.head_dim, base_bytes=int(raw.nbytes), window=info.swa is not None,
+                  cell_ext=ext)
 
 
 @dataclass(frozen=True)
@@ -145,7 +152,7 @@ class StateFormat:
 
     def parse(self, blob):
         """A blob parsed as this model's layout (seqstate.parse_seq_state)."""
-        return parse_seq_state(blob, self.parts, self.recurrent_layers)
+        return parse_seq_state(blob, self.parts, self.recurrent_layers, self.layout.cell_ext)
 
     def expected(self, n_tokens: int | None = None) -> dict:
         """What a seq-state blob for this model and context must look like."""
@@ -159,6 +166,8 @@ class StateFormat:
             exp["swa"] = {"n_layer": self.layout.swa_n_layer, "window": self.n_swa}
         if self.recurrent:
             exp["recurrent"] = self.recurrent
+        if self.layout.cell_ext:
+            exp["cell_ext"] = self.layout.cell_ext
         if n_tokens is not None:
             exp["cell_count"] = n_tokens
         return exp
@@ -236,6 +245,9 @@ class StateFormat:
         llama.cpp keeps those in a cache of their own (iSWA), the last min(n, window) cells."""
         from ....llamacpp.seqstate_write import build_seq_state
 
+        if self.layout.cell_ext:
+            raise PrefixEdgeError("this GGUF model's KV cells carry M-RoPE coordinates that KV given as "
+                                  "data does not: cannot place it in the model's caches")
         if self.n_swa and (len(sliding) != self.layout.swa_n_layer or window != self.n_swa):
             raise PrefixEdgeError(
                 f"the GGUF model keeps {self.layout.swa_n_layer} sliding-window layers of {self.n_swa} "
@@ -259,7 +271,8 @@ def write_prefix(path: Path, ids: np.ndarray, blob: bytes, metadata: dict[str, s
     meta = {k: str(v) for k, v in metadata.items()}
     n_cells = prefixfile.n_virtual(meta, "write_prefix") + len(ids)
     expected = {**(expected or {}), "cell_count": n_cells, "k_type": KV_TYPES[kv_type], "v_type": KV_TYPES[kv_type]}
-    info = parse_seq_state(blob, 2 if "swa" in expected else 1, (expected.get("recurrent") or {}).get("layers", 0))
+    info = parse_seq_state(blob, 2 if "swa" in expected else 1, (expected.get("recurrent") or {}).get("layers", 0),
+                           expected.get("cell_ext", 0))
     check_seq_state(info, expected)
     meta.update({"backend": BACKEND, "state_format": STATE_FORMAT,
                  "state_version": state_version(), "n_layer": str(sum(p.n_layer for p in info.parts)),
