@@ -248,6 +248,15 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
 
     backends = {}
     fusions: dict = {}
+    if "onnx" in formats and "gguf" in formats and optional_gguf and onnx_builder == "own" and not direct:
+        from .llama_convert import converter_knows
+        from .onnx_source import ARCHITECTURES
+
+        arch = info.architecture
+        if arch not in ARCHITECTURES and converter_knows(arch):  # the default formats: llama.cpp's alone
+            st.warn(f"onnx backend skipped: the own ONNX graph does not build {arch} yet; the bundle "
+                    "is llama.cpp's (--format gguf)")
+            formats = [f for f in formats if f != "onnx"]
     if "onnx" in formats:
         backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st,
                                        fusions, onnx_builder)
