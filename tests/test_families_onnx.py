@@ -41,6 +41,8 @@ CASES = {
     # by position past 16)
     "olmo3": ("olmo3", {}),
     "ministral3": ("ministral3", {}),
+    # Nemotron-H (dense): Mamba2, squared-ReLU MLP and position-free attention blocks, one a layer
+    "nemotronh": ("nemotronh", {}),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),

@@ -68,8 +68,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
-from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT, falcon_h1_weights,
-                          granite_h_layers, lfm2_layers, lfm2_weights, mamba2, short_conv)
+from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
+                          falcon_h1_weights, granite_h_layers, lfm2_layers, lfm2_weights, mamba2,
+                          nemotron_h_layers, short_conv)
 from .onnx_source import (HUNYUAN, POST_NORMS, gemma3_config as _gemma3, read_config as _config,
                           read_weights as _weights, refuse as _refuse, rope_cache)
 from .source import rope_parameters
@@ -91,11 +92,12 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     gc = _gemma3(hf_dir, cfg) if arch == "Gemma3ForCausalLM" else None  # refused before any weight
     g3n = gemma3n_config(hf_dir, _refuse) if arch == GEMMA3N else None
     w = _weights(hf_dir)
-    hidden, n_layers = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    n_layers = int(cfg.get("num_hidden_layers") or len(cfg.get("layers_block_type") or ()))
     n_heads = int(cfg["num_attention_heads"])
     n_kv = int(cfg.get("num_key_value_heads") or n_heads)
     head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    eps = float(cfg.get("rms_norm_eps", cfg.get("layer_norm_epsilon", 1e-6)))
     n_pos = int(cfg.get("max_position_embeddings", 2048))
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
     window = int(window) if window and int(window) < n_pos else -1
@@ -115,8 +117,13 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         lfm2_weights(w, conv)
         width = int(cfg.get("conv_L_cache", 3)) - 1
         states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [hidden, width])] for i in range(n_layers) if conv[i]}
-    if arch in (GRANITE_H, FALCON_H1):
-        mamba, hc = granite_h_layers(hf_dir, w) if arch == GRANITE_H else ([True] * n_layers, falcon_h1_weights(hf_dir, w))
+    blocks = None  # Nemotron-H: one mixer a layer ("mamba", "attention" or "mlp"), no second sublayer
+    if arch == NEMOTRON_H:
+        blocks, hc = nemotron_h_layers(hf_dir, w)
+        mamba = [b == "mamba" for b in blocks]
+    if arch in (GRANITE_H, FALCON_H1, NEMOTRON_H):
+        if arch != NEMOTRON_H:
+            mamba, hc = granite_h_layers(hf_dir, w) if arch == GRANITE_H else ([True] * n_layers, falcon_h1_weights(hf_dir, w))
         nh, ds = int(hc.mamba_n_heads), int(hc.mamba_d_state)
         inner = int(hc.mamba_expand * hidden) if getattr(hc, "mamba_d_ssm", None) is None else int(hc.mamba_d_ssm)
         conv_dim = inner + 2 * int(hc.mamba_n_groups) * ds
@@ -130,6 +137,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         rope_on = [bool(v) for v in cfg.get("no_rope_layers") or [1] * n_layers]
     if arch == GRANITE_H:  # attention without RoPE unless the config says "rope"
         rope_on = [hc.position_embedding_type != "nope"] * n_layers
+    if arch == NEMOTRON_H:  # its attention has no positions at all
+        rope_on = [False] * n_layers
     attn_scale = float(cfg["attention_multiplier"]) if granite else float(head_dim) ** -0.5
     windows = [window] * n_layers  # GQA's local_window_size per layer (-1: none)
     local = [False] * n_layers  # the layer uses the local RoPE cache (Gemma 3's sliding layers)
@@ -274,6 +283,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                     "/qscale/Unsqueeze")
 
     has_kv = [not mamba[i] and not conv[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
+    if blocks is not None:
+        has_kv = [b == "attention" for b in blocks]
     if g3n is not None:  # KV-shared layers read their source layer's present: none of their own
         has_kv = [kv_sources(list(g3n.layer_types), int(g3n.num_kv_shared_layers or 0))[i] == i for i in range(n_layers)]
     builder = SimpleNamespace(w=w, init=init, node=node, linear=linear, norm=norm, head_norm=head_norm, eps=eps,
@@ -318,6 +329,15 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                 h, _, _, residual = node("SkipSimplifiedLayerNormalization", [pending, residual, ln1],
                                          [f"/{p}/ln1/out", "", "", f"/{p}/ln1/sum"], f"/{p}/ln1",
                                          domain="com.microsoft", epsilon=eps)
+            if blocks is not None:  # Nemotron-H: the one mixer, then the next layer's norm
+                if blocks[i] == "mlp":  # squared ReLU, no gate
+                    up = node("Relu", [linear(h, [f"{p}.mlp.up_proj"], f"/{p}/mlp/up_proj")], [f"/{p}/mlp/relu"],
+                              f"/{p}/mlp/Relu")
+                    sq = node("Mul", [up, up], [f"/{p}/mlp/relu2"], f"/{p}/mlp/Square")
+                    pending = linear(sq, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
+                else:
+                    pending = mamba2(builder, h, p, i, hc, eps) if mamba[i] else attention(h, p, i)
+                continue
             if conv[i]:
                 o = short_conv(builder, h, p, i, hidden)
             elif arch == FALCON_H1:  # both mixers on the same normed input, summed

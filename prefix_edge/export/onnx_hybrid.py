@@ -136,6 +136,45 @@ def granite_h_layers(hf_dir, w: dict[str, np.ndarray]) -> tuple[list[bool], obje
     return [t == "mamba" for t in kinds], c
 
 
+NEMOTRON_H = "NemotronHForCausalLM"
+NEMOTRON_H_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
+                    "full_attention": "attention", "mlp": "mlp", "moe": "moe"}
+
+
+def nemotron_h_layers(hf_dir, w: dict[str, np.ndarray]) -> tuple[list[str], object]:
+    """Nemotron-H's block kinds ("mamba", "attention", "mlp": one mixer a layer) and a config in
+    the Mamba2 builder's names; its weights renamed (in place) to the ones the builder reads.
+    The MoE variants and any other MLP activation than squared ReLU are refused in one line."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(str(hf_dir))
+    kinds = [NEMOTRON_H_KINDS.get(t, t) for t in c.layers_block_type]
+    bad = sorted({t for t in kinds if t not in ("mamba", "attention", "mlp")})
+    if bad:
+        raise PrefixEdgeError(f"the own ONNX builder has no {bad[0]!r} layers on {NEMOTRON_H}; "
+                              "export with --format gguf")
+    if c.mlp_hidden_act != "relu2":
+        raise PrefixEdgeError(f"the own ONNX builder has no {c.mlp_hidden_act!r} MLP activation on {NEMOTRON_H}")
+    for k in list(w):  # backbone.* (as the checkpoints and transformers 5 write them) -> model.*
+        w["model." + k.split(".", 1)[1] if k.startswith("backbone.") else k] = w.pop(k)
+    w["model.embed_tokens.weight"] = w.pop("model.embeddings.weight")
+    w["model.norm.weight"] = w.pop("model.norm_f.weight")
+    to = {"mamba": "mamba", "attention": "self_attn", "mlp": "mlp"}
+    for i, kind in enumerate(kinds):
+        p = f"model.layers.{i}"
+        w[f"{p}.input_layernorm.weight"] = w.pop(f"{p}.norm.weight")
+        for k in [k for k in w if k.startswith(f"{p}.mixer.")]:
+            w[f"{p}.{to[kind]}." + k[len(f"{p}.mixer."):]] = w.pop(k)
+    hc = SimpleNamespace(  # the Mamba2 builder's names (mamba2 below); its gated norm per group, gate first
+        mamba_n_heads=c.mamba_num_heads, mamba_d_head=c.mamba_head_dim, mamba_d_state=c.ssm_state_size,
+        mamba_n_groups=c.n_groups, mamba_d_conv=c.conv_kernel, mamba_expand=c.expand, hidden_size=c.hidden_size,
+        mamba_d_ssm=int(c.mamba_num_heads) * int(c.mamba_head_dim), mamba_rms_norm=True,
+        mamba_norm_before_gate=False)
+    return kinds, hc
+
+
 def falcon_h1_weights(hf_dir, w: dict[str, np.ndarray]):
     """Falcon-H1's config; its multipliers folded into the weights (in place) and its names
     renamed to the ones the builder reads: a linear map times a constant is the map with its
