@@ -32,7 +32,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from prefix_edge.bundle import Bundle
-    from prefix_edge.export.compress import REPEAT, WINDOW, choose
+    from prefix_edge.export.compress import REPEAT, WINDOW, choose, crop_to
     from prefix_edge.export.source import default_model_path, prepare_hf_dir
     from prefix_edge.paths import default_tasks_file
 
@@ -63,7 +63,7 @@ def main() -> None:
             cache = model(torch.tensor([ids]), use_cache=True).past_key_values
             mode["v"] = "rec"
             model(torch.tensor([rep + ids]), past_key_values=cache, position_ids=torch.arange(P, 2 * P + len(rep))[None])
-            cache.crop(P)
+            crop_to(cache, P)
         for h in hooks:
             h.remove()
         return torch.stack(rec).numpy(), torch.stack(self_att).numpy(), cache
@@ -91,11 +91,11 @@ def main() -> None:
                     n, pos = len(x), torch.arange(P, P + len(x))[None]
                     with torch.no_grad():
                         full = model(torch.tensor([x]), past_key_values=cache, position_ids=pos).logits[0].argmax(-1)
-                        cache.crop(P)
+                        crop_to(cache, P)
                         mask = torch.cat([keep, torch.ones(n, dtype=torch.long)])[None]
                         got = model(torch.tensor([x]), past_key_values=cache, attention_mask=mask,
                                     position_ids=pos).logits[0].argmax(-1)
-                        cache.crop(P)
+                        crop_to(cache, P)
                     k0 = n - len(answer) - 1  # the positions that predict the answer's tokens
                     same += int((got[k0:-1] == full[k0:-1]).sum())
                     total += len(answer)

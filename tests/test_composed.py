@@ -338,7 +338,7 @@ def test_a_template_with_a_documents_section_renders_them_as_transformers_does(d
 
     src, bundle = documents_bundle
     hf = AutoTokenizer.from_pretrained(str(src))
-    want = hf.apply_chat_template(ASK, documents=DOCS, add_generation_prompt=True, tokenize=True)
+    want = hf.apply_chat_template(ASK, documents=DOCS, add_generation_prompt=True, tokenize=True, return_dict=False)
     with Runtime.open(bundle, backend="onnx") as rt:
         assert rt.chat_renderer.documents_native
         ids, _, _ = rt.requests.chat_input(None, ASK, None, documents=DOCS)

@@ -62,7 +62,7 @@ def test_render_matches_apply_chat_template(tiny_model, name):
     special = dict(tok.special_tokens_map)
     for msgs in CONVERSATIONS:
         want = tok.apply_chat_template(msgs, chat_template=TEMPLATES[name], tokenize=False,
-                                       add_generation_prompt=True)
+                                       add_generation_prompt=True, return_dict=False)
         assert render_chat(TEMPLATES[name], msgs, True, special) == want
 
 
@@ -74,12 +74,12 @@ def test_ids_match_apply_chat_template(bundle_int4, tiny_model, backend):
     with Runtime.open(bundle_int4, backend=backend) as rt:
         for msgs in CONVERSATIONS:
             ids, cuts, _ = rt.chat_input(None, msgs)
-            want = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            want = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
             assert list(ids) == list(want)
             info = rt.manifest.tasks["support"]
             ids, cuts, _ = rt.chat_input("support", msgs)
             full = tok.apply_chat_template(info.chat_messages + msgs, add_generation_prompt=True,
-                                           tokenize=True)
+                                           tokenize=True, return_dict=False)
             assert list(rt.prefixes.ids("support")) + list(ids) == list(full)
             for c in cuts:  # a cut is where an earlier turn's prompt ends
                 assert 0 < c < len(ids)
@@ -89,7 +89,7 @@ def test_ids_match_apply_chat_template(bundle_int4, tiny_model, backend):
                 {"role": "user", "content": "awful"}]
         ids, _, _ = rt.chat_input("sentiment", msgs)
         wrapped = [{**m, "content": "Review: " + m["content"]} if m["role"] == "user" else m for m in msgs]
-        full = tok.apply_chat_template(info.chat_messages + wrapped, add_generation_prompt=True, tokenize=True)
+        full = tok.apply_chat_template(info.chat_messages + wrapped, add_generation_prompt=True, tokenize=True, return_dict=False)
         assert list(rt.prefixes.ids("sentiment")) + list(ids) == list(full)
         # one user message is exactly the task's text input
         one, _, _ = rt.chat_input("sentiment", [{"role": "user", "content": INPUTS[1]}])

@@ -174,7 +174,7 @@ def test_default_chat_template_ids_match_transformers(home):
     with Runtime.open(root, backend="gguf") as rt:
         for m in (msgs[:1], msgs):
             ids, _, _ = rt.chat_input(None, m)
-            assert list(ids) == list(tok.apply_chat_template(m, add_generation_prompt=True))
+            assert list(ids) == list(tok.apply_chat_template(m, add_generation_prompt=True, return_dict=False))
             ids, _, _ = rt.chat_input("support", m)
-            full = tok.apply_chat_template(rt.tasks["support"].chat_messages + m, add_generation_prompt=True)
+            full = tok.apply_chat_template(rt.tasks["support"].chat_messages + m, add_generation_prompt=True, return_dict=False)
             assert list(rt.prefixes.ids("support")) + list(ids) == list(full)

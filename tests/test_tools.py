@@ -57,7 +57,7 @@ def test_tool_aware_template_renders_as_transformers(tiny_model):
     msgs, tools = for_template(check_messages(HISTORY), spec, True)
     got = render_chat(TOOL_TEMPLATE, msgs, True, dict(tok.special_tokens_map), tools)
     want = tok.apply_chat_template(HISTORY, tools=TOOLS, chat_template=TOOL_TEMPLATE, tokenize=False,
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, return_dict=False)
     assert got == want and "<tool_response>\nordered" in got
     assert read_call('<tool_call>\n{"name": "order", "arguments": {"qty": 2}}\n</tool_call>', spec)[0][
         "function"] == {"name": "order", "arguments": "{\"qty\": 2}"}
@@ -103,7 +103,7 @@ def test_fallback_prompt_and_reading_calls(bundle_int4, tiny_model):
         from prefix_edge.runtime.chat.render import check_messages
 
         msgs, _ = for_template(check_messages(HISTORY), spec, False)
-        assert list(ids) == tok.apply_chat_template(msgs, add_generation_prompt=True)
+        assert list(ids) == tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
         none, _, _ = rt.chat_input(None, HISTORY[:1], check_tools(SMALL, "none"))
         assert "You can call" not in rt.tokenizer.decode(list(none))
     assert read_call('{"name": "order", "arguments": {"qty": 3}}', spec)[0]["function"]["name"] == "order"

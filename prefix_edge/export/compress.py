@@ -159,7 +159,7 @@ class Planner:
                 q = torch.tensor([self.repeat + chunk])
                 out = self.model(q, past_key_values=cache, use_cache=True,
                                  position_ids=torch.arange(P, P + q.shape[1])[None])
-                cache.crop(P)
+                crop_to(cache, P)
                 runs.append((c0, out.logits[0].argmax(-1)))
         self._cache = cache
         return (total / len(self.model.model.layers)).numpy(), runs
@@ -179,7 +179,7 @@ class Planner:
                 mask = torch.cat([keep, torch.ones(q.shape[1], dtype=torch.long)])[None]
                 out = self.model(q, past_key_values=self._cache, use_cache=True, attention_mask=mask,
                                  position_ids=torch.arange(P, P + q.shape[1])[None])
-                self._cache.crop(P)
+                crop_to(self._cache, P)
                 got = out.logits[0].argmax(-1)
                 same += int((got == full).sum())
                 total += int(full.numel())
@@ -228,3 +228,10 @@ def compressed_kv(be, plan: Plan, inv_freq: np.ndarray, rope_on: list[bool]):
     ks = [shift_keys(k[kept], -plan.delta, inv_freq, be.rope_layout) if rope_on[layer] else k[kept]
           for layer, k in enumerate(kv.k)]
     return be.prefix_of(KvLayers(ks, [v[kept] for v in kv.v]), np.asarray(plan.source_ids, np.int64)[kept])
+
+
+def crop_to(cache, n: int) -> None:
+    """Keep a transformers cache's first n positions (transformers 5's crop takes how many to drop)."""
+    drop = cache.get_seq_length() - n
+    if drop > 0:
+        cache.crop(-drop)

@@ -54,6 +54,12 @@ def prepare_hf_dir(model: Path, workdir: Path, before_model=None) -> Path:
             raise
         except Exception as e:
             raise PrefixEdgeError(f"{model}: cannot load this GGUF through transformers: {e}") from None
+        # its weights are de-quantized (fp32) in memory; transformers 5 keeps the GGUF "quantizer"
+        # on the model and then refuses to save it: what is saved is a plain fp32 checkpoint
+        m.hf_quantizer = None
+        for holder in (m, m.config):
+            if hasattr(holder, "quantization_config"):
+                delattr(holder, "quantization_config")
         m.save_pretrained(str(out))
         return out
     if model.is_dir():
