@@ -129,17 +129,32 @@ def first_logits(rt, task, text):
 
 
 def test_peft_generate_is_the_reference(ref):
-    """The manual greedy loop is what PEFT's own generate() does, for every adapter type."""
+    """The manual greedy loop over PeftModel.forward is what transformers' generate() decodes for
+    every adapter type: the base model's, from the KV adapters' (prefix tuning, cartridges) prompt
+    cache or after the soft prompts' embeddings. (PEFT 0.21's own generate() decodes another model
+    under transformers 5: it drops a prefix-tuning prefix, and a soft prompt after the first token;
+    the eval and distill references go the way this test does: tune/hf_task.py.)"""
     import torch
 
     for task in PEFT_TYPE:
         _, tokens, _ = ref.run(task, INPUTS[0])
         ids = torch.tensor([ref.ids(task, INPUTS[0])])
+        pm = ref.model(TASKS[task][0])
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PEFT: "Position ids are not supported ..."
-            out = ref.model(TASKS[task][0]).generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_TOKENS,
-                do_sample=False, pad_token_id=ref.tok.pad_token_id)
+            if PEFT_TYPE[task] in ("PREFIX_TUNING", "CARTRIDGE"):
+                past = pm.get_prompt(batch_size=1)
+                n = past.get_seq_length()
+                out = pm.get_base_model().generate(
+                    input_ids=ids, past_key_values=past, attention_mask=torch.ones(1, n + ids.shape[1], dtype=torch.long),
+                    max_new_tokens=N_TOKENS, do_sample=False, pad_token_id=ref.tok.pad_token_id)
+            else:  # the soft prompt's embeddings before the text's
+                embeds = pm.get_base_model().get_input_embeddings()(ids)
+                embeds = torch.cat([pm.get_prompt(batch_size=1).to(embeds.dtype), embeds], dim=1)
+                out = pm.get_base_model().generate(
+                    inputs_embeds=embeds, attention_mask=torch.ones(1, embeds.shape[1], dtype=torch.long),
+                    max_new_tokens=N_TOKENS, do_sample=False, pad_token_id=ref.tok.pad_token_id)
+                out = torch.cat([ids, out], dim=1)  # (generate returns the new tokens only)
         gen = out[0, ids.shape[1]:].tolist()
         if ref.tok.eos_token_id in gen:
             gen = gen[:gen.index(ref.tok.eos_token_id)]

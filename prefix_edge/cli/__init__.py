@@ -15,6 +15,11 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import os
+
+    # the command reports its own stages; transformers 5 draws a bar of its own for every model it
+    # loads (eval's reference, export's fidelity check), read from this variable when it is imported
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _register()
     try:
         rc = app(args=argv, standalone_mode=False)  # click returns an Exit's code here

@@ -28,7 +28,7 @@ def reference(hf_dir, probes: list[list[int]]) -> list[tuple[np.ndarray, list[in
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     model.eval()
     for m in model.modules():  # a Mamba2 mixer's torch path pads every run to its chunk (256 in
         if hasattr(m, "chunk_size") and hasattr(m, "A_log"):  # real configs) and builds [c, c,

@@ -58,8 +58,28 @@ class HFTask:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(self.adapter.path)).eval()
+        peft_type = getattr(getattr(model, "peft_config", {}).get("default"), "peft_type", None)
+        self.peft_type = str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None
         self.torch, self.model, self.tok = torch, model, tok.backend_tokenizer
         self.eos = eos_ids(hf_dir, tok)
+
+    def _generate_inputs(self, ids):
+        """(the model whose generate() decodes, its inputs) for the ids `ids`. PEFT 0.21's own
+        generate() decodes another model under transformers 5: it drops a prefix-tuning adapter's
+        prefix (decoding as the base model) and a soft prompt's after the first token; the base
+        model's generate() given the adapter's prefix KV as its cache, or the soft prompt's
+        embeddings before the text's, decodes what PeftModel.forward computes (tests/test_peft.py)."""
+        torch = self.torch
+        if self.peft_type in ("PREFIX_TUNING", "CARTRIDGE"):
+            past = self.model.get_prompt(batch_size=1)
+            mask = torch.ones(1, past.get_seq_length() + ids.shape[1], dtype=torch.long)
+            return self.base_model, {"input_ids": ids, "past_key_values": past, "attention_mask": mask}
+        if self.peft_type in ("PROMPT_TUNING", "P_TUNING"):
+            embeds = self.base_model.get_input_embeddings()(ids)
+            embeds = torch.cat([self.model.get_prompt(batch_size=1).to(embeds.dtype), embeds], dim=1)
+            mask = torch.ones(1, embeds.shape[1], dtype=torch.long)
+            return self.base_model, {"inputs_embeds": embeds, "attention_mask": mask}
+        return self.model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     @property
     def prefix_positions(self) -> int:
@@ -83,7 +103,7 @@ class HFTask:
         n_in, eos = ids.shape[1], set(self.eos)
         stream = TextStream(self.tok, list(opts["stop"]))
         sampler = Sampler.from_options(opts)
-        state = {"chunks": [], "tokens": [], "t_first": None}
+        state = {"chunks": [], "tokens": [], "t_first": None, "skip": n_in}
 
         class Choose(LogitsProcessor):  # the runtime's Sampler picks; generate() takes its pick
             def __call__(self, input_ids, scores):
@@ -95,7 +115,7 @@ class HFTask:
         class Stop(StoppingCriteria):  # EOS, then the runtime's detokenizer and stop strings
             def __call__(self, input_ids, scores, **kw):
                 done = False
-                for t in input_ids[0, n_in + len(state["tokens"]):].tolist():
+                for t in input_ids[0, state["skip"] + len(state["tokens"]):].tolist():
                     if state["t_first"] is None:
                         state["t_first"] = time.perf_counter()
                     state["tokens"].append(t)
@@ -112,10 +132,12 @@ class HFTask:
         limit = opts["max_tokens"] or max(1, getattr(self.model.config, "max_position_embeddings", 4096) - n_in)
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=limit, eos_token_id=self.eos,
-                                pad_token_id=self.eos[0], logits_processor=LogitsProcessorList([Choose()]),
-                                stopping_criteria=StoppingCriteriaList([Stop()]))
+            model, inputs = self._generate_inputs(ids)
+            if "inputs_embeds" in inputs:
+                state["skip"] = 0  # generate() then returns the new tokens only
+            model.generate(**inputs, do_sample=False, max_new_tokens=limit, eos_token_id=self.eos,
+                           pad_token_id=self.eos[0], logits_processor=LogitsProcessorList([Choose()]),
+                           stopping_criteria=StoppingCriteriaList([Stop()]))
         end, t_first = time.perf_counter(), state["t_first"]
         text_out = "".join(state["chunks"]) + stream.flush()
         n = len(state["tokens"])
