@@ -46,6 +46,11 @@ def optimum_graph(bundle: Path, m: dict) -> list[Path]:
 
 def main() -> None:
     bundle, threads, n, ctx = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from prefix_edge.export.onnx import optimum_unavailable
+
+    if (why := optimum_unavailable()) is not None:  # (its own environment: prefix-edge[optimum])
+        sys.exit(f"optimum's baseline: {why}")
     import onnxruntime as ort
     import torch
     from optimum.onnxruntime import ORTModelForCausalLM

@@ -47,10 +47,13 @@ ASK = [{"role": "user", "content": "What colours is the kettle sold in?"}]
 def test_rope_frequencies_are_transformers_own(scaling):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_theta=50000.0, rope_scaling=scaling,
                       max_position_embeddings=2048)
-    want, _ = ROPE_INIT_FUNCTIONS[(scaling or {}).get("rope_type", "default")](cfg, "cpu")
+    kind = (scaling or {}).get("rope_type", "default")  # (transformers 5: the default is the model's own)
+    init = LlamaRotaryEmbedding.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+    want, _ = init(cfg) if kind == "default" else init(cfg, "cpu")
     model = SimpleNamespace(model_type="llama", sliding_layers=[], head_dim=64,
                             rope={"theta": 50000.0, "scaling": scaling})
     got = Rope.of(model).inv_freq

@@ -100,12 +100,17 @@ def test_entry_key_follows_model_runtime_and_cpu(monkeypatch):
     assert len({a, b, ort_cache.entry_key("0" * 64)}) == 3
 
 
-def test_cache_keeps_the_most_recent_entries(bundle_int4, bundle_fp32, bundle_optimum, home, monkeypatch):
+def test_cache_keeps_the_most_recent_entries(bundle_int4, bundle_fp32, tiny_model, tasks_file, tmp_path, home,
+                                             monkeypatch):
+    from prefix_edge.export.build import export_bundle
+
+    export_bundle(tiny_model, tasks_file, tmp_path / "int8", quantize="int8", formats=["onnx"], progress=False)
+    third = tmp_path / "int8"  # a third model file
     monkeypatch.setattr(ort_cache, "KEEP", 2)
-    for b in (bundle_int4, bundle_fp32, bundle_optimum):
+    for b in (bundle_int4, bundle_fp32, third):
         OnnxBackend(_model(b), threads=2)
     assert len(list((home / "ort-cache").iterdir())) == 2
-    assert OnnxBackend(_model(bundle_optimum), threads=2).session_source == "cache"
+    assert OnnxBackend(_model(third), threads=2).session_source == "cache"
     assert OnnxBackend(_model(bundle_int4), threads=2).session_source == "saved"  # evicted first
 
 
