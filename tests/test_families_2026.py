@@ -2,8 +2,8 @@
 tests/test_families_onnx.py check per engine:
 - the default export (`--format onnx,gguf`) of a family llama.cpp runs and the own ONNX graph does
   not build yet (Qwen3.5) writes llama.cpp's bundle alone, saying so in one warning line;
-- the families neither engine takes yet (Gemma 4; LFM3 and the OLMo hybrid, which llama.cpp's
-  converter lacks too) are one error line each and no bundle;
+- the families neither engine takes yet (LFM3 and the OLMo hybrid: the own graph lacks them, and
+  llama.cpp's converter too) are one error line each and no bundle;
 - `--onnx-builder optimum` where optimum-onnx cannot run beside transformers 5 is one line naming
   why and the extra."""
 
@@ -17,16 +17,13 @@ from prefix_edge.errors import PrefixEdgeError
 
 from .conftest import cli
 from .helpers.archs import seeded_model, train_tokenizer
-from .helpers.families import build_family, family_tasks, train_sentencepiece
+from .helpers.families import build_family, family_tasks
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
 
 # tiny configs in the published shapes of the families no engine builds yet
 NOT_YET = {
-    "gemma4": ("Gemma4ForCausalLM", dict(
-        num_hidden_layers=4, head_dim=16, sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"],
-        hidden_size_per_layer_input=16, tie_word_embeddings=True, rms_norm_eps=1e-6), "Gemma 4 is not supported yet"),
     "lfm3": ("Lfm3ForCausalLM", dict(
         num_hidden_layers=4, head_dim=16, sliding_window=8, conv_L_cache=3,
         layer_types=["conv", "full_attention", "conv", "sliding_attention"]), "does not know Lfm3ForCausalLM"),
@@ -58,9 +55,7 @@ def test_a_family_no_engine_takes_yet_is_one_line(kind, tmp_path):
 
     cls_name, extras, says = NOT_YET[kind]
     out = tmp_path / "model"
-    tok = train_sentencepiece(out) if kind == "gemma4" else train_tokenizer("gpt2")
-    if kind == "gemma4":
-        extras = {**extras, "vocab_size_per_layer_input": len(tok)}
+    tok = train_tokenizer("gpt2")
     model = seeded_model(getattr(transformers, cls_name), tok, len(tok), extras)
     model.save_pretrained(out)
     tok.save_pretrained(out)

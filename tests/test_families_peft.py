@@ -37,7 +37,8 @@ max_tokens = {N}
 INPUTS = ["The quick brown fox", "I'm sure they'll say"]
 # kind -> build_family's arguments (ERNIE 4.5 as the published 0.3B ships: its SentencePiece
 # tokenizer.model, which llama.cpp's converter reads, and no MLP biases, which its graph lacks)
-KINDS = {"olmo2": {}, "exaone4": {}, "hunyuan": {}, "ernie4_5": dict(use_bias=False, sentencepiece=True)}
+KINDS = {"olmo2": {}, "exaone4": {}, "hunyuan": {}, "ernie4_5": dict(use_bias=False, sentencepiece=True),
+         "olmo3": {}, "ministral3": {}}
 ATOL = {"onnx": 1e-4, "gguf": 0.1}
 _BUILT: dict = {}
 

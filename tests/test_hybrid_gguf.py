@@ -77,7 +77,7 @@ def test_state_layout_and_fidelity(family):
     with Runtime.open(bundle, backend="gguf") as rt:
         be = rt.backend
         assert be.n_kv_heads == 2 and be.format.recurrent_layers == n_rec, kind  # llama.cpp says 0 KV heads for a recurrent layer 0
-        assert be.keeps_partial == (n_rec == 0 and kind not in ("gemma3-sliding", "olmo3")), kind  # a window slid
+        assert be.keeps_partial == (n_rec == 0 and kind not in ("gemma3-sliding", "olmo3", "gemma4")), kind  # a window slid
         lay = be.state_layout  # the protocol's description of the same
         assert lay.recurrent_layers == n_rec and lay.keeps_partial == be.keeps_partial, (kind, lay)
         assert lay.kv_layers + lay.window_layers + lay.recurrent_layers >= 1, (kind, lay)
@@ -90,6 +90,9 @@ def test_state_layout_and_fidelity(family):
             assert (be.format.parts, be.format.layout.kv_layers, be.format.layout.swa_n_layer) == (2, 0, 2)
         if kind == "olmo3":  # three sliding layers of 8 positions and a global one
             assert (be.format.parts, be.format.layout.kv_layers, be.format.layout.swa_n_layer, be.n_swa) == (2, 1, 3, 8)
+        if kind == "gemma4":  # 3 sliding layers with heads of 16, 1 global of 512; the 2 KV-shared hold none
+            assert (be.format.parts, be.format.layout.kv_layers, be.format.layout.swa_n_layer) == (2, 1, 3)
+            assert (be.head_dim, be.head_dim_swa, be.n_swa) == (512, 16, 8)
         # Qwen3.5's M-RoPE: its cells carry more than a position (read off the probe)
         assert be.format.layout.cell_ext == (12 if kind == "qwen3_5" else 0), kind
 

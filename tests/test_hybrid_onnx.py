@@ -58,8 +58,10 @@ STATES = {
                                                              (f"past_ssm.{i}", (1, 4, 32, 16)))},
     "falconh1": {n: s for i in (0, 1) for n, s in ((f"past_conv.{i}", (1, 96, 3)),
                                                      (f"past_ssm.{i}", (1, 4, 16, 16)))},
+    # Nemotron-H: Mamba2 at 0, attention at 2, MLP-only layers (1, 3) hold no state at all
+    "nemotronh": {"past_conv.0": (1, 160, 3), "past_ssm.0": (1, 8, 16, 16)},
 }
-ATTENTION = {"lfm2": [2], "granitehybrid": [2], "falconh1": [0, 1]}
+ATTENTION = {"lfm2": [2], "granitehybrid": [2], "falconh1": [0, 1], "nemotronh": [2]}
 # (the embedding multiplier left at 1: PEFT's inputs_embeds skip it; test_falcon_h1_prompt_tuning...)
 OVERRIDES = {"falconh1": dict(FALCON_MUP, embedding_multiplier=1.0)}
 

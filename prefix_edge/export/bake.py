@@ -32,7 +32,8 @@ from ..bundle.prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
 def check_geometry(be, manifest: Manifest) -> None:
     m = manifest.model
     layers = be.model_layers  # a hybrid's recurrent layers too
-    if (layers, be.n_kv_heads, be.head_dim) != (m.n_layers, m.n_kv_heads, m.head_dim):
+    head_dims = {be.head_dim, getattr(be, "head_dim_swa", be.head_dim)}  # (Gemma 4: global and sliding heads)
+    if (layers, be.n_kv_heads) != (m.n_layers, m.n_kv_heads) or m.head_dim not in head_dims:
         raise PrefixEdgeError(
             f"the {be.name} model has {layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
             f"the model config says {m.n_layers} × {m.n_kv_heads} × {m.head_dim}")

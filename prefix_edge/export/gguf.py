@@ -85,10 +85,6 @@ def refuse_unsupported(cfg: dict) -> None:
                               "refuses the tensor count); export it with --format onnx")
     if cfg.get("model_type") in ("gemma3n", "gemma3n_text"):
         _refuse_gemma3n(cfg.get("text_config") or cfg)
-    if str(cfg.get("model_type", "")).startswith("gemma4"):
-        raise PrefixEdgeError("Gemma 4 is not supported yet: its global layers have their own head size "
-                              "(512 beside the sliding layers' 256), which prefix-edge's llama.cpp state "
-                              "geometry does not hold yet, and the own ONNX graph does not build it")
 
 
 # what llama.cpp's Gemma 3n graph fixes in code instead of reading the GGUF (llama-hparams.h,

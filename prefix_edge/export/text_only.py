@@ -25,6 +25,7 @@ from ..errors import PrefixEdgeError
 # multimodal architecture -> (its text-only class, model type, the text weights' prefix)
 TEXT_PATHS = {
     "Gemma3nForConditionalGeneration": ("Gemma3nForCausalLM", "gemma3n_text", "model.language_model."),
+    "Gemma4ForConditionalGeneration": ("Gemma4ForCausalLM", "gemma4_text", "model.language_model."),
 }
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 

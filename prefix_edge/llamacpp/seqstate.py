@@ -306,15 +306,16 @@ def check_seq_state(info: SeqStateInfo, expected: dict) -> None:
         if "v_trans" in expected and part.v_trans != bool(expected["v_trans"]):
             raise bad("v_trans (V layout; flash attention off = transposed)", part.v_trans,
                       bool(expected["v_trans"]))
+        own = {**expected, **(swa or {})} if part is info.swa else expected  # (Gemma 4: its own row sizes)
         for il, lay in enumerate(part.layers):
             for key, got, fmt in (("k_type", lay.k_type, type_name), ("v_type", lay.v_type, type_name),
                                   ("k_row_bytes", lay.k_row_bytes, str),
                                   ("v_row_bytes", lay.v_row_bytes, str)):
-                want = expected.get(key, getattr(ref, key))
+                want = own.get(key, getattr(ref, key) if ref in part.layers or key.endswith("type") else got)
                 if got != want:
                     raise bad(f"{where}layer {il} {key}", fmt(got), fmt(want))
-            if part.v_trans and "n_embd_v_gqa" in expected and lay.n_embd_v_gqa != expected["n_embd_v_gqa"]:
-                raise bad(f"{where}layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, expected["n_embd_v_gqa"])
+            if part.v_trans and "n_embd_v_gqa" in own and lay.n_embd_v_gqa != own["n_embd_v_gqa"]:
+                raise bad(f"{where}layer {il} n_embd_v_gqa", lay.n_embd_v_gqa, own["n_embd_v_gqa"])
     check_recurrent(info.recurrent, expected.get("recurrent"), n)
 
 

@@ -91,7 +91,17 @@ FAMILIES = {
         linear_num_value_heads=4, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_parameters={
             "rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
             "mrope_section": [3, 3, 2], "mrope_interleaved": True}), 3),
+    # Gemma 4 (E2B's text model): sliding layers with heads of 16 and global ones of their own
+    # size (512, transformers' default for them), per-layer inputs, the last two layers reading
+    # earlier layers' KV; its SentencePiece vocabulary (llama.cpp's gemma4 tokenizer)
+    "gemma4": ("Gemma4ForCausalLM", dict(
+        num_hidden_layers=6, head_dim=16, sliding_window=8,
+        # (llama.cpp's shared layers read the last two unshared ones, a sliding then a global one, as E2B's)
+        layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"],
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=16, tie_word_embeddings=True, rms_norm_eps=1e-6), 0),
 }
+SENTENCEPIECE = ("gemma4",)  # families whose converter reads a SentencePiece vocabulary
 # Falcon-H1's μP multipliers in the range its published configs use (the helper's config leaves
 # them at 1.0): the own ONNX graph folds each into the weights, so its tests set them all
 FALCON_MUP = dict(embedding_multiplier=5.66, lm_head_multiplier=0.039, ssm_multipliers=[0.35, 0.25, 0.5, 0.7, 0.35],
@@ -138,13 +148,16 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
     import transformers
 
     cls_name, extras, _ = {**FAMILIES, **MORE}[kind]
+    sentencepiece = sentencepiece or kind in SENTENCEPIECE
     tokenizer = train_sentencepiece(out) if sentencepiece else train_tokenizer("gpt2")
+    if kind == "gemma4":  # (its per-layer embedding table: the vocabulary's size)
+        extras = {**extras, "vocab_size_per_layer_input": len(tokenizer)}
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
     vocab = -(-len(tokenizer) // 8) * 8 if kind in ("granitehybrid", "nemotronh") else len(tokenizer)
     model = seeded_model(getattr(transformers, cls_name), tokenizer, vocab, {**extras, **overrides})
     model.save_pretrained(out)
-    if not sentencepiece:  # (a SentencePiece one is saved as it ships, by train_sentencepiece)
-        tokenizer.save_pretrained(out)
+    if not sentencepiece or kind == "gemma4":  # (a SentencePiece one is saved as it ships; Gemma 4's
+        tokenizer.save_pretrained(out)          # checkpoints ship its tokenizer.json beside it)
     return model, tokenizer
 
 

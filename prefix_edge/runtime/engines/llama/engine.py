@@ -107,6 +107,10 @@ class LlamaBackend(OneSequence):
             int(L.llama_model_n_embd(self.model)) // int(L.llama_model_n_head(self.model)))
         val_len = self.meta(f"{arch}.attention.value_length")
         self.head_dim_v = int(val_len) if val_len else self.head_dim
+        # Gemma 4: the sliding layers' heads are of another size than the global layers'
+        swa_len, swa_v_len = self.meta(f"{arch}.attention.key_length_swa"), self.meta(f"{arch}.attention.value_length_swa")
+        self.head_dim_swa = int(swa_len) if swa_len else self.head_dim
+        self.head_dim_v_swa = int(swa_v_len) if swa_v_len else self.head_dim_swa
         self.n_embd = int(L.llama_model_n_embd(self.model))
         rope = int(L.llama_model_rope_type(self.model))
         # Which dims RoPE rotates together in a cached key: "adjacent" (2i, 2i+1; llama.cpp's
@@ -115,7 +119,7 @@ class LlamaBackend(OneSequence):
         self.rope_layout = {L.LLAMA_ROPE_TYPE_NORM: "adjacent",
                             L.LLAMA_ROPE_TYPE_NEOX: "halves"}.get(rope, f"rope type {rope}")
         self.v_trans = not flash_attn
-        if kv_type == "q8_0" and (self.head_dim % 32 or self.head_dim_v % 32):
+        if kv_type == "q8_0" and (self.head_dim % 32 or self.head_dim_v % 32 or self.head_dim_swa != self.head_dim):
             self.close()
             raise PrefixEdgeError(f"a q8_0 KV cache needs a head size that is a multiple of 32 "
                                   f"(Q8_0 blocks per head); this model's is {self.head_dim}: use f16")
@@ -153,7 +157,7 @@ class LlamaBackend(OneSequence):
                 self.n_swa = 0
         self.format = StateFormat(self.n_layers, self.n_kv_heads, self.head_dim, self.head_dim_v, kv_type,
                                   self.v_trans, self.kv_rotation, self.max_ctx_seq, self.n_vocab,
-                                  self.state_version, self.n_swa, layout)
+                                  self.state_version, self.n_swa, layout, self.head_dim_swa, self.head_dim_v_swa)
         self.batches_sequences = batches_alike(self)
         self.bytes_per_cell = self.format.bytes_per_cell
 

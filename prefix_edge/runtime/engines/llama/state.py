@@ -96,9 +96,10 @@ def read_layout(be, hybrid: bool) -> Layout:
         raise PrefixEdgeError("cannot read this model's sequence-state layout: it has no KV layer")
     per_row = (lay.k_row_bytes // Q8_0_BYTES * Q8_0_BLOCK if lay.k_type == GGML_TYPE_Q8_0
                else lay.k_row_bytes // (4 if lay.k_type == 0 else 2))
+    head_dim = be.head_dim if info.n_layer else be.head_dim_swa  # (the first layer's part: its own heads)
     return Layout(parts=len(info.parts), swa_n_layer=info.swa.n_layer if info.swa else 0, kv_layers=info.n_layer,
                   recurrent=info.recurrent.facts() if info.recurrent else None,
-                  n_kv_heads=per_row // be.head_dim, base_bytes=int(raw.nbytes), window=info.swa is not None,
+                  n_kv_heads=per_row // head_dim, base_bytes=int(raw.nbytes), window=info.swa is not None,
                   cell_ext=ext)
 
 
@@ -118,6 +119,12 @@ class StateFormat:
     state_version: str       # llama.cpp's, as a prefix file records it
     n_swa: int = 0           # the sliding window (0: no sliding-window cache)
     layout: Layout = Layout()
+    head_dim_swa: int | None = None    # the sliding-window layers' (Gemma 4: not the global ones'; None: the same)
+    head_dim_v_swa: int | None = None
+
+    @property
+    def swa_dims(self) -> tuple[int, int]:
+        return (self.head_dim_swa or self.head_dim, self.head_dim_v_swa or self.head_dim_swa or self.head_dim_v)
 
     # -- what a blob holds ------------------------------------------------------------------
     @property
@@ -147,8 +154,12 @@ class StateFormat:
     def bytes_per_cell(self) -> int:
         """Every KV layer's K and V row of one cell."""
         t = KV_TYPES[self.kv_type]
-        layers = self.n_layers if self.layout.kv_layers is None else self.layout.kv_layers + self.layout.swa_n_layer
-        return layers * (row_bytes(t, self.n_kv_heads * self.head_dim) + row_bytes(t, self.n_kv_heads * self.head_dim_v))
+        kh = self.n_kv_heads
+        if self.layout.kv_layers is None:
+            return self.n_layers * (row_bytes(t, kh * self.head_dim) + row_bytes(t, kh * self.head_dim_v))
+        dk, dv = self.swa_dims
+        return (self.layout.kv_layers * (row_bytes(t, kh * self.head_dim) + row_bytes(t, kh * self.head_dim_v))
+                + self.layout.swa_n_layer * (row_bytes(t, kh * dk) + row_bytes(t, kh * dv)))
 
     def parse(self, blob):
         """A blob parsed as this model's layout (seqstate.parse_seq_state)."""
@@ -164,6 +175,11 @@ class StateFormat:
                "max_cells": self.max_cells}
         if self.n_swa:
             exp["swa"] = {"n_layer": self.layout.swa_n_layer, "window": self.n_swa}
+            dk, dv = self.swa_dims
+            if (dk, dv) != (self.head_dim, self.head_dim_v):  # its layers' rows are their own size
+                exp["swa"].update({"k_row_bytes": row_bytes(t, self.n_kv_heads * dk),
+                                   "v_row_bytes": row_bytes(t, self.n_kv_heads * dv),
+                                   "n_embd_v_gqa": self.n_kv_heads * dv})
         if self.recurrent:
             exp["recurrent"] = self.recurrent
         if self.layout.cell_ext:
@@ -248,6 +264,9 @@ class StateFormat:
         if self.layout.cell_ext:
             raise PrefixEdgeError("this GGUF model's KV cells carry M-RoPE coordinates that KV given as "
                                   "data does not: cannot place it in the model's caches")
+        if self.swa_dims != (self.head_dim, self.head_dim_v):
+            raise PrefixEdgeError("this GGUF model's sliding and global layers have heads of two sizes: "
+                                  "KV given as data cannot be placed in its caches")
         if self.n_swa and (len(sliding) != self.layout.swa_n_layer or window != self.n_swa):
             raise PrefixEdgeError(
                 f"the GGUF model keeps {self.layout.swa_n_layer} sliding-window layers of {self.n_swa} "
