@@ -1,5 +1,5 @@
 """The runtime at the sizes people deploy: random-weight checkpoints with the published configs
-of Qwen3-0.6B, Llama-3.2-1B, LFM2-1.2B and Granite-4.0-H-1B (hybrids) (speed and memory do not depend on the weights' values),
+of Qwen3-0.6B, Llama-3.2-1B, LFM2-1.2B, Granite-4.0-H-1B and Qwen3.5-0.8B (hybrids) (speed and memory do not depend on the weights' values),
 exported as a user would (ONNX int4 through the own graph, GGUF Q4_1 through llama.cpp's
 converter), then `prefix-edge bench` on each bundle (TTFT with a prefix baked vs prefilled at
 P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
@@ -66,9 +66,23 @@ CONFIGS = {
         "attention_multiplier": 0.0078125, "logits_scaling": 6.0, "max_position_embeddings": 131072,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "vocab_size": 100352,
         "hidden_act": "silu"},
+    # Qwen/Qwen3.5-0.8B's text_config (transformers 5): 18 Gated DeltaNet layers (16 heads of 128,
+    # conv 4) and 6 gated full-attention layers (8 heads, 2 KV heads of 256, a quarter rotated,
+    # interleaved M-RoPE), vocabulary 248,320, tied embeddings; its MTP head left out (the GGUF
+    # converts without one: --no-mtp)
+    "qwen3.5-0.8b": {
+        "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 1024,
+        "intermediate_size": 3584, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "vocab_size": 248320, "hidden_act": "silu",
+        "attention_bias": False},
 }
-# the export formats where not both (none now: the own ONNX graph builds the hybrids too)
-FORMATS: dict[str, str] = {}
+# the export formats where not both: the families the own ONNX graph does not build yet
+FORMATS: dict[str, str] = {"qwen3.5-0.8b": "gguf"}
 TASKS = '''
 [task.support]
 system = """You answer questions about storage plans, billing, devices and sync. Be brief."""
