@@ -77,3 +77,43 @@ def test_the_optimum_builder_without_optimum_is_one_line(tiny_model, tasks_file,
         export_bundle(tiny_model, tasks_file, tmp_path / "b", quantize="none", formats=["onnx"],
                       onnx_builder="optimum", progress=False)
     assert "--onnx-builder optimum" in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_gemma_4_multimodal_checkpoint_exports_its_text_path(tmp_path):
+    """Gemma 4 ships as Gemma4ForConditionalGeneration (vision and audio towers beside the
+    language model, whose weights sit under model.language_model.): export reads its text path
+    (Gemma4ForCausalLM, as for Gemma 3n) and the bundle answers as the text model's own bundle."""
+    import numpy as np
+    from safetensors.torch import load_file, save_file
+    from transformers import Gemma4Config
+
+    from prefix_edge import Runtime
+    from prefix_edge.export.build import export_bundle
+
+    from .helpers.parity import baked_and_prefilled
+
+    text_dir, mm_dir = tmp_path / "text", tmp_path / "multimodal"
+    model, tok = build_family("gemma4", text_dir)
+    mm_dir.mkdir()
+    config = Gemma4Config(text_config=model.config.to_dict())
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    config.save_pretrained(mm_dir)
+    weights = {"model.language_model." + k[len("model."):]: v for k, v in load_file(str(text_dir / "model.safetensors")).items()
+               if k.startswith("model.")}
+    import torch
+    weights["model.vision_tower.patch_embedder.input_proj.weight"] = torch.zeros(8, 8)  # a tower's tensor: not read
+    save_file(weights, str(mm_dir / "model.safetensors"), metadata={"format": "pt"})
+    for f in text_dir.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            (mm_dir / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "tasks.toml").write_text(family_tasks(4), encoding="utf-8")
+    for src in (text_dir, mm_dir):
+        export_bundle(src, tmp_path / "tasks.toml", tmp_path / f"b-{src.name}", quantize="none", gguf_quant="f32",
+                      progress=False)
+    manifest = json.loads((tmp_path / "b-multimodal" / "manifest.json").read_text())
+    assert manifest["model"]["architecture"] == "Gemma4ForCausalLM" and sorted(manifest["backends"]) == ["gguf"]
+    with Runtime.open(tmp_path / "b-text", backend="gguf") as a, Runtime.open(tmp_path / "b-multimodal", backend="gguf") as b:
+        for task in ("support", "raw"):
+            baked_a, _ = baked_and_prefilled(a, task, "The quick brown fox")
+            baked_b, prefilled_b = baked_and_prefilled(b, task, "The quick brown fox")
+            assert np.array_equal(baked_a, baked_b) and np.array_equal(baked_b, prefilled_b), task
