@@ -1,7 +1,7 @@
 """The end-of-2026 families at export (transformers 5), beyond what tests/test_hybrid_gguf.py and
 tests/test_families_onnx.py check per engine:
 - the default export (`--format onnx,gguf`) of a family llama.cpp runs and the own ONNX graph does
-  not build yet (Qwen3.5) writes llama.cpp's bundle alone, saying so in one warning line;
+  not build yet (Gemma 4) writes llama.cpp's bundle alone, saying so in one warning line;
 - the families neither engine takes yet (LFM3 and the OLMo hybrid: the own graph lacks them, and
   llama.cpp's converter too) are one error line each and no bundle;
 - `--onnx-builder optimum` where optimum-onnx cannot run beside transformers 5 is one line naming
@@ -35,16 +35,16 @@ NOT_YET = {
 
 
 def test_default_export_of_a_family_the_graph_lacks_is_llama_cpps_bundle(tmp_path):
-    build_family("qwen3_5", tmp_path / "model")
+    build_family("gemma4", tmp_path / "model")
     (tmp_path / "tasks.toml").write_text(family_tasks(4), encoding="utf-8")
     got = cli("export", tmp_path / "model", "--tasks", tmp_path / "tasks.toml", "--out", tmp_path / "b",
               "--quantize", "none")
     assert got.returncode == 0, got.stderr.decode()[-2000:]
     err = " ".join(got.stderr.decode().split())  # (the console wraps long lines)
-    assert "onnx backend skipped: the own ONNX graph does not build Qwen3_5ForCausalLM yet" in err, err[-800:]
+    assert "onnx backend skipped: the own ONNX graph does not build Gemma4ForCausalLM yet" in err, err[-800:]
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert sorted(manifest["backends"]) == ["gguf"] and not (tmp_path / "b" / "onnx").exists()
-    assert manifest["model"]["architecture"] == "Qwen3_5ForCausalLM"
+    assert manifest["model"]["architecture"] == "Gemma4ForCausalLM"
 
 
 @pytest.mark.parametrize("kind", list(NOT_YET))

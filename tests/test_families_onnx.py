@@ -26,6 +26,10 @@ from .helpers.parity import baked_and_prefilled, three_ways
 pytestmark = pytest.mark.integration
 
 ATOL = 1e-4
+# Qwen3.5's reference: transformers computes a whole sequence's Gated DeltaNet with its chunked
+# kernel, and steps with its recurrent one (the graph's order); on this model and a 40-token input
+# the two differ by 4.0e-4 from each other, so the graph is held to transformers within 2e-3
+TOLERANCE = {"qwen3_5": 2e-3}
 GGUF_TIE = 0.1  # f32 weights, llama.cpp's F16 KV cache: tests/test_hybrid_gguf.py's logit bound
 N = 8
 TASKS = family_tasks(N)
@@ -43,6 +47,8 @@ CASES = {
     "ministral3": ("ministral3", {}),
     # Nemotron-H (dense): Mamba2, squared-ReLU MLP and position-free attention blocks, one a layer
     "nemotronh": ("nemotronh", {}),
+    # Qwen3.5: Gated DeltaNet layers (a Scan over the tokens), gated attention, partial rotary
+    "qwen3_5": ("qwen3_5", {}),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),
@@ -85,10 +91,10 @@ def test_logits_match_transformers_at_every_position(family):
         diffs, stepped = three_ways(be, ids, ref)
         for what, d in diffs.items():
             worst = max(worst, d)
-            assert d <= ATOL, (name, what, len(ids), d)
+            assert d <= TOLERANCE.get(name, ATOL), (name, what, len(ids), d)
         assert (stepped.argmax(-1) == ref.argmax(-1)).all(), name
     fid = manifest.extra["fidelity"]["onnx"]
-    assert fid["max_abs_logit_diff_first_token"] <= ATOL and fid["greedy_8_agrees"] == fid["probes"], fid
+    assert fid["max_abs_logit_diff_first_token"] <= TOLERANCE.get(name, ATOL) and fid["greedy_8_agrees"] == fid["probes"], fid
     print(f"\n{name} onnx fp32: max |Δlogit| vs transformers = {worst:.2e}")
 
 

@@ -60,8 +60,11 @@ STATES = {
                                                      (f"past_ssm.{i}", (1, 4, 16, 16)))},
     # Nemotron-H: Mamba2 at 0, attention at 2, MLP-only layers (1, 3) hold no state at all
     "nemotronh": {"past_conv.0": (1, 160, 3), "past_ssm.0": (1, 8, 16, 16)},
+    # Qwen3.5: three Gated DeltaNet layers (conv over q, k, v: 2*2*16 + 4*16; S [4 heads, 16, 16])
+    "qwen3_5": {n: s for i in (0, 1, 2) for n, s in ((f"past_conv.{i}", (1, 128, 3)),
+                                                       (f"past_ssm.{i}", (1, 4, 16, 16)))},
 }
-ATTENTION = {"lfm2": [2], "granitehybrid": [2], "falconh1": [0, 1], "nemotronh": [2]}
+ATTENTION = {"lfm2": [2], "granitehybrid": [2], "falconh1": [0, 1], "nemotronh": [2], "qwen3_5": [3]}
 # (the embedding multiplier left at 1: PEFT's inputs_embeds skip it; test_falcon_h1_prompt_tuning...)
 OVERRIDES = {"falconh1": dict(FALCON_MUP, embedding_multiplier=1.0)}
 
@@ -105,7 +108,7 @@ def test_state_layout_and_prefix_file(hybrid):
             state = tensors[name]
             assert state.shape == STATES[kind][name] and state.dtype == np.float32 and np.abs(state).max() > 0
             np.testing.assert_array_equal(prefix.state.states[i], state)
-        assert tensors[be.past_names[0]].shape == (1, 2, prefix.n_tokens, 16)
+        assert tensors[be.past_names[0]].shape == (1, 2, prefix.n_tokens, 64 if kind == "qwen3_5" else 16)
 
 
 def test_pooled_hidden_states_match_transformers(hybrid):

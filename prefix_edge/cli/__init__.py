@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     # the command reports its own stages; transformers 5 draws a bar of its own for every model it
     # loads (eval's reference, export's fidelity check), read from this variable when it is imported
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # (e.g. its kernels' "falling back" notices)
     _register()
     try:
         rc = app(args=argv, standalone_mode=False)  # click returns an Exit's code here

@@ -67,6 +67,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .onnx_deltanet import QWEN3_5, gated_deltanet, qwen3_5_layers, state_shapes
 from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
 from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
                           falcon_h1_weights, granite_h_layers, lfm2_layers, lfm2_weights, mamba2,
@@ -104,7 +105,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     gemma = arch == "Gemma3ForCausalLM"
     # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
     # the rotary (Hunyuan: the rotary leaves GQA), or none
-    qk_norm = {"Qwen3ForCausalLM": "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
+    qk_norm = {"Qwen3ForCausalLM": "head", QWEN3_5: "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
                LFM2: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole",
                HUNYUAN: "after_rope"}.get(arch)
     qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
@@ -117,6 +118,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         lfm2_weights(w, conv)
         width = int(cfg.get("conv_L_cache", 3)) - 1
         states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [hidden, width])] for i in range(n_layers) if conv[i]}
+    delta, qc = [False] * n_layers, None  # Qwen3.5's Gated DeltaNet layers (two states, no KV)
+    if arch == QWEN3_5:
+        delta, qc = qwen3_5_layers(hf_dir, w)
+        states = {i: state_shapes(qc, i) for i in range(n_layers) if delta[i]}
     blocks = None  # Nemotron-H: one mixer a layer ("mamba", "attention" or "mlp"), no second sublayer
     if arch == NEMOTRON_H:
         blocks, hc = nemotron_h_layers(hf_dir, w)
@@ -255,6 +260,10 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length", *rope],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
+        if arch == QWEN3_5:  # the output gated per position and channel before o_proj
+            gate = linear(h, [f"{p}.self_attn.gate_proj"], f"/{p}/attn/gate_proj")
+            a = node("Mul", [a, node("Sigmoid", [gate], [f"/{p}/attn/gate"], f"/{p}/attn/Sigmoid")],
+                     [f"/{p}/attn/gated"], f"/{p}/attn/Gate")
         return linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj")
 
     def positions() -> str:
@@ -282,7 +291,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         return node("Unsqueeze", [col, init("/qscale/axis", np.array([-1], np.int64))], ["/qscale/out"],
                     "/qscale/Unsqueeze")
 
-    has_kv = [not mamba[i] and not conv[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
+    has_kv = [not mamba[i] and not conv[i] and not delta[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
     if blocks is not None:
         has_kv = [b == "attention" for b in blocks]
     if g3n is not None:  # KV-shared layers read their source layer's present: none of their own
@@ -340,6 +349,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                 continue
             if conv[i]:
                 o = short_conv(builder, h, p, i, hidden)
+            elif delta[i]:
+                o = gated_deltanet(builder, h, p, i, qc, eps)
             elif arch == FALCON_H1:  # both mixers on the same normed input, summed
                 o = node("Add", [mamba2(builder, h, p, i, hc, eps), attention(h, p, i)], [f"/{p}/mixers"], f"/{p}/Add_mixers")
             elif mamba[i]:

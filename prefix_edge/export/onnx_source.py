@@ -11,13 +11,15 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from .onnx_gemma3n import GEMMA3N
+from .onnx_deltanet import QWEN3_5
 from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H
 from .source import rope_parameters
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
-                 LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM", NEMOTRON_H)
+                 LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM", NEMOTRON_H,
+                 QWEN3_5)
 POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
@@ -49,7 +51,7 @@ def read_config(hf_dir: Path) -> dict:
         cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != ("gelu_pytorch_tanh" if gemma else "silu"):
         raise refuse(f"{act!r} activation{' on ' + arch if gemma else ''}")
-    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM",
+    if cfg.get("attention_bias") and arch in ("Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma3ForCausalLM", QWEN3_5,
                                               "Exaone4ForCausalLM", GEMMA3N):
         raise refuse(f"attention bias on {arch}")
     if cfg.get("mlp_bias"):

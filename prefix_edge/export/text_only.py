@@ -26,6 +26,7 @@ from ..errors import PrefixEdgeError
 TEXT_PATHS = {
     "Gemma3nForConditionalGeneration": ("Gemma3nForCausalLM", "gemma3n_text", "model.language_model."),
     "Gemma4ForConditionalGeneration": ("Gemma4ForCausalLM", "gemma4_text", "model.language_model."),
+    "Qwen3_5ForConditionalGeneration": ("Qwen3_5ForCausalLM", "qwen3_5_text", "model.language_model."),
 }
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")
 

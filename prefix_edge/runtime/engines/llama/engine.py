@@ -113,6 +113,9 @@ class LlamaBackend(OneSequence):
         self.head_dim_v_swa = int(swa_v_len) if swa_v_len else self.head_dim_swa
         self.n_embd = int(L.llama_model_n_embd(self.model))
         rope = int(L.llama_model_rope_type(self.model))
+        # M-RoPE (Qwen3.5, the VL models): an embedding row takes 4 positions (text: p, p, p, 0)
+        self.pos_per_embd = 4 if rope in (getattr(L, "LLAMA_ROPE_TYPE_MROPE", 8),
+                                          getattr(L, "LLAMA_ROPE_TYPE_IMROPE", 40)) else 1
         # Which dims RoPE rotates together in a cached key: "adjacent" (2i, 2i+1; llama.cpp's
         # NORM, e.g. arch llama, whose GGUF K rows are permuted from HF's) or "halves" (i, i+d/2;
         # NEOX, HF's own layout). A key from the HF world needs permuting only for "adjacent".
@@ -494,11 +497,14 @@ class LlamaBackend(OneSequence):
         for start in range(0, n_all, self.n_batch):
             chunk = emb[start:start + self.n_batch]
             n = chunk.shape[0]
-            b = L.llama_batch_init(n, self.n_embd, 1)  # embd != 0: b.embd set, b.token NULL
+            # embd != 0: b.embd set, b.token NULL; room for every position of an M-RoPE row
+            b = L.llama_batch_init(n * self.pos_per_embd, self.n_embd, 1)
             try:
                 ctypes.memmove(b.embd, chunk.ctypes.data, chunk.nbytes)
                 for i in range(n):
                     b.pos[i] = self.pos + i
+                    for k in range(1, self.pos_per_embd):  # (a text row's: its position thrice, then 0)
+                        b.pos[k * n + i] = self.pos + i if k < 3 else 0
                     b.n_seq_id[i] = 1
                     b.seq_id[i][0] = self.single_seq
                     b.logits[i] = 0
