@@ -263,8 +263,13 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     if "gguf" in formats and optional_gguf and "onnx" in backends and model.suffix != ".gguf":
         from .gguf import refuse_unsupported
 
+        from .llama_convert import converter_knows, llama_cpp_version
+
         try:  # the default formats: a model llama.cpp cannot run as it is is the onnx bundle alone
             refuse_unsupported(json.loads((hf_dir / "config.json").read_text()))
+            if not converter_knows(info.architecture):  # (LFM3, the OLMo hybrid)
+                raise PrefixEdgeError(f"llama.cpp's converter ({llama_cpp_version()}) does not know "
+                                      f"{info.architecture}; the bundle is ONNX's (--format onnx)")
         except PrefixEdgeError as e:
             st.warn(f"gguf backend skipped: {e}")
             formats = [f for f in formats if f != "gguf"]

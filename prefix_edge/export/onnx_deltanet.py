@@ -1,5 +1,6 @@
-"""Qwen3.5 (Qwen3_5ForCausalLM, and the text path of Qwen3_5ForConditionalGeneration) on the own
-ONNX graph: its Gated DeltaNet layers, its gated attention and its zero-centred norms.
+"""Qwen3.5 (Qwen3_5ForCausalLM, and the text path of Qwen3_5ForConditionalGeneration) and the OLMo
+hybrid (OlmoHybridForCausalLM) on the own ONNX graph: their Gated DeltaNet layers; Qwen3.5's gated
+attention and zero-centred norms (the OLMo hybrid's attention layers are OLMo 3's, post-normed).
 
 A Gated DeltaNet layer (transformers' Qwen3_5GatedDeltaNet): `in_proj_qkv` through a depthwise
 causal conv (state `past_conv.{i}`, as LFM2's and Mamba2's) and SiLU, split into q, k (L2-normed,
@@ -27,6 +28,11 @@ from ..errors import PrefixEdgeError
 from .onnx_hybrid import SSM_IN, SSM_OUT, causal_conv
 
 QWEN3_5 = "Qwen3_5ForCausalLM"
+OLMO_HYBRID = "OlmoHybridForCausalLM"
+# each family's names for the mixer's weights: (q, k and v's projections, z, b, a, the gated norm,
+# the output projection), the gated norm's epsilon (None: the config's), beta's scale
+NAMES = {QWEN3_5: (["in_proj_qkv"], "in_proj_z", "in_proj_b", "in_proj_a", "norm", "out_proj", None),
+         OLMO_HYBRID: (["q_proj", "k_proj", "v_proj"], "g_proj", "b_proj", "a_proj", "o_norm", "o_proj", 1e-5)}
 
 
 def qwen3_5_layers(hf_dir, w: dict[str, np.ndarray]):
@@ -55,6 +61,30 @@ def qwen3_5_layers(hf_dir, w: dict[str, np.ndarray]):
     return [t == "linear_attention" for t in c.layer_types], c
 
 
+def olmo_hybrid_layers(hf_dir, w: dict[str, np.ndarray]):
+    """(which layers are Gated DeltaNet ones, whether the attention layers rotate, the config) of
+    an OLMo hybrid: its attention layers are OLMo 3's (post-norms, q/k norms over the whole
+    projection), its linear-attention layers pre-normed; the released checkpoints set no rotary.
+    Its weights as transformers loads them (in place): the checkpoint's names (attention_layer_norm,
+    feedforward_layer_norm, the conv in three pieces) are its conversion mapping's."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(str(hf_dir))
+    bad = sorted({t for t in c.layer_types if t not in ("linear_attention", "full_attention")})
+    if bad:
+        raise PrefixEdgeError(f"the own ONNX builder has no {bad[0]!r} layers on {OLMO_HYBRID}")
+    for k in list(w):  # (transformers' conversion_mapping["olmo_hybrid"])
+        for old, new in ((".attention_layer_norm.", ".input_layernorm."),
+                         (".feedforward_layer_norm.", ".post_attention_layernorm.")):
+            if old in k:
+                w[k.replace(old, new)] = w.pop(k)
+    for i in range(c.num_hidden_layers):
+        q = f"model.layers.{i}.linear_attn"
+        if f"{q}.q_conv1d.weight" in w:
+            w[f"{q}.conv1d.weight"] = np.concatenate([w.pop(f"{q}.{t}_conv1d.weight") for t in "qkv"], axis=0)
+    return [t == "linear_attention" for t in c.layer_types], getattr(c, "rope_parameters", None) is not None, c
+
+
 def state_shapes(c, i: int) -> list[tuple[str, str, list[int]]]:
     """Layer i's two states: the conv window over q, k, v and the delta rule's S."""
     conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
@@ -63,8 +93,9 @@ def state_shapes(c, i: int) -> list[tuple[str, str, list[int]]]:
                                                int(c.linear_value_head_dim)])]
 
 
-def gated_deltanet(g, h: str, p: str, i: int, c, eps: float) -> str:
-    """Layer i's Gated DeltaNet on the normed `h` [1, seq, hidden]; its output before the residual add."""
+def gated_deltanet(g, h: str, p: str, i: int, c, eps: float, arch: str = QWEN3_5) -> str:
+    """Layer i's Gated DeltaNet on the normed `h` [1, seq, hidden]; its output before the residual
+    add. `arch`: whose weight names (NAMES); OLMo's may scale beta by 2 (linear_allow_neg_eigval)."""
     from onnx import TensorProto, helper
 
     w, node, init = g.w, g.node, g.init
@@ -85,10 +116,11 @@ def gated_deltanet(g, h: str, p: str, i: int, c, eps: float) -> str:
     def op(kind: str, ins: list[str], out: str, **attrs) -> str:
         return node(kind, ins, [f"{n}/{out}"], f"{n}/{out}", **attrs)
 
-    qkv = g.linear(h, [f"{q}.in_proj_qkv"], f"{n}/in_proj_qkv")
-    z = g.linear(h, [f"{q}.in_proj_z"], f"{n}/in_proj_z")
-    b = g.linear(h, [f"{q}.in_proj_b"], f"{n}/in_proj_b")
-    a = g.linear(h, [f"{q}.in_proj_a"], f"{n}/in_proj_a")
+    qkv_keys, z_key, b_key, a_key, norm_key, out_key, norm_eps = NAMES[arch]
+    qkv = g.linear(h, [f"{q}.{k}" for k in qkv_keys], f"{n}/in_proj_qkv")
+    z = g.linear(h, [f"{q}.{z_key}"], f"{n}/in_proj_z")
+    b = g.linear(h, [f"{q}.{b_key}"], f"{n}/in_proj_b")
+    a = g.linear(h, [f"{q}.{a_key}"], f"{n}/in_proj_a")
     qkv = causal_conv(g, qkv, f"{n}/conv", i, f"{q}.conv1d", 2 * nk * dk + nv * dv)
     qkv = op("Mul", [qkv, op("Sigmoid", [qkv], "conv_sigmoid")], "conv_silu")
     qq, kk, vv = node("Split", [qkv, const("sizes", np.array([nk * dk, nk * dk, nv * dv], np.int64))],
@@ -111,7 +143,10 @@ def gated_deltanet(g, h: str, p: str, i: int, c, eps: float) -> str:
 
     qh, kh = heads(qq, "q", dk ** -0.5), heads(kk, "k", None)
     vh = op("Reshape", [vv, const("v_shape", np.array([-1, nv, dv], np.int64))], "v_heads")
-    beta = op("Reshape", [op("Sigmoid", [b], "beta_raw"), const("nv_rows", np.array([-1, nv], np.int64))], "beta")
+    beta = op("Sigmoid", [b], "beta_raw")
+    if arch == OLMO_HYBRID and getattr(c, "linear_allow_neg_eigval", False):  # beta in [0, 2]
+        beta = op("Mul", [beta, const("two", np.array(2.0, np.float32))], "beta_2")
+    beta = op("Reshape", [beta, const("nv_rows", np.array([-1, nv], np.int64))], "beta")
     a_neg = -np.exp(w.pop(f"{q}.A_log").astype(np.float32))
     sp = op("Softplus", [op("Add", [a, init(f"{q}.dt_bias", w.pop(f"{q}.dt_bias"))], "a_dt")], "softplus")
     decay = op("Exp", [op("Reshape", [op("Mul", [sp, const("A", a_neg)], "g"), const("nv_rows2",
@@ -150,8 +185,8 @@ def gated_deltanet(g, h: str, p: str, i: int, c, eps: float) -> str:
                         body=body, num_scan_inputs=5)
     node("Reshape", [s_last, const("s_out", np.array([1, nv, dk, dv], np.int64))], [f"{SSM_OUT}{i}"], f"{n}/state")
     # the gated RMSNorm per head (its own weight, not zero-centred), times silu(z)
-    normed = node("SimplifiedLayerNormalization", [outs, init(f"{q}.norm.weight", w.pop(f"{q}.norm.weight"))],
-                  [f"{n}/normed"], f"{n}/norm", axis=-1, epsilon=eps)  # [seq, nv, dv]
+    normed = node("SimplifiedLayerNormalization", [outs, init(f"{q}.{norm_key}.weight", w.pop(f"{q}.{norm_key}.weight"))],
+                  [f"{n}/normed"], f"{n}/norm", axis=-1, epsilon=norm_eps or eps)  # [seq, nv, dv]
     flat = op("Reshape", [normed, const("flat", np.array([1, -1, nv * dv], np.int64))], "normed_flat")
     gated = op("Mul", [flat, op("Mul", [z, op("Sigmoid", [z], "z_sigmoid")], "z_silu")], "gated")
-    return g.linear(gated, [f"{q}.out_proj"], f"{n}/out_proj")
+    return g.linear(gated, [f"{q}.{out_key}"], f"{n}/out_proj")

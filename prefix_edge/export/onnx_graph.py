@@ -67,7 +67,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .onnx_deltanet import QWEN3_5, gated_deltanet, qwen3_5_layers, state_shapes
+from .onnx_deltanet import OLMO_HYBRID, QWEN3_5, gated_deltanet, olmo_hybrid_layers, qwen3_5_layers, state_shapes
 from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
 from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
                           falcon_h1_weights, granite_h_layers, lfm2_layers, lfm2_weights, mamba2,
@@ -106,7 +106,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
     # the rotary (Hunyuan: the rotary leaves GQA), or none
     qk_norm = {"Qwen3ForCausalLM": "head", QWEN3_5: "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
-               LFM2: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole",
+               LFM2: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole", OLMO_HYBRID: "whole",
                HUNYUAN: "after_rope"}.get(arch)
     qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
         arch, ("q_norm", "k_norm"))
@@ -121,6 +121,9 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     delta, qc = [False] * n_layers, None  # Qwen3.5's Gated DeltaNet layers (two states, no KV)
     if arch == QWEN3_5:
         delta, qc = qwen3_5_layers(hf_dir, w)
+    if arch == OLMO_HYBRID:
+        delta, olmo_rope, qc = olmo_hybrid_layers(hf_dir, w)
+    if qc is not None:
         states = {i: state_shapes(qc, i) for i in range(n_layers) if delta[i]}
     blocks = None  # Nemotron-H: one mixer a layer ("mamba", "attention" or "mlp"), no second sublayer
     if arch == NEMOTRON_H:
@@ -135,7 +138,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [conv_dim, int(hc.mamba_d_conv) - 1]),
                       (f"{SSM_IN}{i}", f"{SSM_OUT}{i}", [nh, int(hc.mamba_d_head), ds])]
                   for i in range(n_layers) if mamba[i]}
-    post_norms = arch in POST_NORMS
+    post_norms = [arch in POST_NORMS] * n_layers  # no pre-norms: a norm after each sublayer
     granite = arch in ("GraniteForCausalLM", GRANITE_H)
     rope_on = [True] * n_layers
     if arch == "SmolLM3ForCausalLM":
@@ -144,6 +147,9 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         rope_on = [hc.position_embedding_type != "nope"] * n_layers
     if arch == NEMOTRON_H:  # its attention has no positions at all
         rope_on = [False] * n_layers
+    if arch == OLMO_HYBRID:  # (the released checkpoints: no rotary); its attention layers are OLMo 3's
+        rope_on = [olmo_rope] * n_layers
+        post_norms = [not d for d in delta]
     attn_scale = float(cfg["attention_multiplier"]) if granite else float(head_dim) ** -0.5
     windows = [window] * n_layers  # GQA's local_window_size per layer (-1: none)
     local = [False] * n_layers  # the layer uses the local RoPE cache (Gemma 3's sliding layers)
@@ -327,7 +333,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         residual, pending = x, None
         for i in range(n_layers):
             p = f"model.layers.{i}"
-            if post_norms:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
+            if post_norms[i]:  # OLMo 2 / EXAONE 4.0: the sublayer reads the residual stream itself
                 if pending is not None:
                     residual = node("Add", [pending, residual], [f"/{p}/residual"], f"/{p}/Add")
                 h = residual
@@ -350,16 +356,16 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
             if conv[i]:
                 o = short_conv(builder, h, p, i, hidden)
             elif delta[i]:
-                o = gated_deltanet(builder, h, p, i, qc, eps)
+                o = gated_deltanet(builder, h, p, i, qc, eps, arch)
             elif arch == FALCON_H1:  # both mixers on the same normed input, summed
                 o = node("Add", [mamba2(builder, h, p, i, hc, eps), attention(h, p, i)], [f"/{p}/mixers"], f"/{p}/Add_mixers")
             elif mamba[i]:
                 o = mamba2(builder, h, p, i, hc, eps)
             else:
                 o = attention(h, p, i)
-            if gemma or post_norms:  # each sublayer's output normed before its residual add
+            if gemma or post_norms[i]:  # each sublayer's output normed before its residual add
                 o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
-            if post_norms:
+            if post_norms[i]:
                 residual = h2 = node("Add", [o, residual], [f"/{p}/attn/residual"], f"/{p}/attn/Add")
             else:
                 ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
@@ -377,7 +383,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                 act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
             gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
             pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
-            if gemma or post_norms:
+            if gemma or post_norms[i]:
                 pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
         final = init("model.norm.weight", w["model.norm.weight"])
         # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)

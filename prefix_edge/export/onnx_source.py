@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from .onnx_gemma3n import GEMMA3N
-from .onnx_deltanet import QWEN3_5
+from .onnx_deltanet import OLMO_HYBRID, QWEN3_5
 from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H
 from .source import rope_parameters
 
@@ -19,7 +19,7 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
                  LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM", NEMOTRON_H,
-                 QWEN3_5)
+                 QWEN3_5, OLMO_HYBRID)
 POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")

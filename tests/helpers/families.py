@@ -112,6 +112,11 @@ FALCON_MUP = dict(embedding_multiplier=5.66, lm_head_multiplier=0.039, ssm_multi
 MORE = {
     "ernie4_5": ("Ernie4_5ForCausalLM", dict(
         head_dim=16, use_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=5e5), 0),
+    # the OLMo hybrid (llama.cpp has none): Gated DeltaNet 3:1 with OLMo 3's attention, beta in [0, 2]
+    "olmo_hybrid": ("OlmoHybridForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_allow_neg_eigval=True,
+        tie_word_embeddings=False, rms_norm_eps=1e-6), 3),
 }
 
 
