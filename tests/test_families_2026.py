@@ -2,8 +2,8 @@
 tests/test_families_onnx.py check per engine:
 - the default export (`--format onnx,gguf`) of a family llama.cpp runs and the own ONNX graph does
   not build yet (Gemma 4) writes llama.cpp's bundle alone, saying so in one warning line;
-- the families neither engine takes yet (LFM3 and the OLMo hybrid: the own graph lacks them, and
-  llama.cpp's converter too) are one error line each and no bundle;
+- the default export of a family llama.cpp's converter lacks (LFM3, the OLMo hybrid) writes the
+  own ONNX graph's bundle alone, saying so in one warning line; `--format gguf` is one error line;
 - `--onnx-builder optimum` where optimum-onnx cannot run beside transformers 5 is one line naming
   why and the extra."""
 
@@ -16,23 +16,10 @@ import pytest
 from prefix_edge.errors import PrefixEdgeError
 
 from .conftest import cli
-from .helpers.archs import seeded_model, train_tokenizer
 from .helpers.families import build_family, family_tasks
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
-
-# tiny configs in the published shapes of the families no engine builds yet
-NOT_YET = {
-    "lfm3": ("Lfm3ForCausalLM", dict(
-        num_hidden_layers=4, head_dim=16, sliding_window=8, conv_L_cache=3,
-        layer_types=["conv", "full_attention", "conv", "sliding_attention"]), "does not know Lfm3ForCausalLM"),
-    "olmo_hybrid": ("OlmoHybridForCausalLM", dict(
-        num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
-        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16),
-        "does not know OlmoHybridForCausalLM"),
-}
-
 
 def test_default_export_of_a_family_the_graph_lacks_is_llama_cpps_bundle(tmp_path):
     build_family("gemma4", tmp_path / "model")
@@ -47,23 +34,23 @@ def test_default_export_of_a_family_the_graph_lacks_is_llama_cpps_bundle(tmp_pat
     assert manifest["model"]["architecture"] == "Gemma4ForCausalLM"
 
 
-@pytest.mark.parametrize("kind", list(NOT_YET))
-def test_a_family_no_engine_takes_yet_is_one_line(kind, tmp_path):
-    import transformers
-
-    from prefix_edge.export.build import export_bundle
-
-    cls_name, extras, says = NOT_YET[kind]
-    out = tmp_path / "model"
-    tok = train_tokenizer("gpt2")
-    model = seeded_model(getattr(transformers, cls_name), tok, len(tok), extras)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+@pytest.mark.parametrize("kind, arch", [("lfm3", "Lfm3ForCausalLM"), ("olmo_hybrid", "OlmoHybridForCausalLM")])
+def test_default_export_of_a_family_llama_cpp_lacks_is_the_onnx_bundle(kind, arch, tmp_path):
+    build_family(kind, tmp_path / "model")
     (tmp_path / "tasks.toml").write_text(family_tasks(4), encoding="utf-8")
-    with pytest.raises(PrefixEdgeError) as e:
-        export_bundle(out, tmp_path / "tasks.toml", tmp_path / "b", quantize="none", progress=False)
-    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert not (tmp_path / "b").exists()
+    got = cli("export", tmp_path / "model", "--tasks", tmp_path / "tasks.toml", "--out", tmp_path / "b",
+              "--quantize", "none")
+    assert got.returncode == 0, got.stderr.decode()[-2000:]
+    err = " ".join(got.stderr.decode().split())
+    assert f"gguf backend skipped: llama.cpp's converter" in err and f"does not know {arch}" in err, err[-800:]
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert sorted(manifest["backends"]) == ["onnx"] and not (tmp_path / "b" / "gguf").exists()
+    # and asked for explicitly, llama.cpp's format is one error line and no bundle
+    got = cli("export", tmp_path / "model", "--tasks", tmp_path / "tasks.toml", "--out", tmp_path / "g",
+              "--format", "gguf", "--quantize", "none")
+    errors = [line for line in got.stderr.decode().splitlines() if line.startswith("error:")]
+    assert got.returncode == 1 and len(errors) == 1 and f"{arch} is not supported" in errors[0], errors
+    assert not (tmp_path / "g").exists()
 
 
 def test_the_optimum_builder_without_optimum_is_one_line(tiny_model, tasks_file, tmp_path):

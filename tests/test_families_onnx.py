@@ -50,6 +50,7 @@ CASES = {
     # Qwen3.5: Gated DeltaNet layers (a Scan over the tokens), gated attention, partial rotary
     "qwen3_5": ("qwen3_5", {}),
     "olmo_hybrid": ("olmo_hybrid", {}),  # (its released checkpoints: no rotary; this one has it)
+    "lfm3": ("lfm3", {}),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),

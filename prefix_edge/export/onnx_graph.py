@@ -69,7 +69,7 @@ import numpy as np
 
 from .onnx_deltanet import OLMO_HYBRID, QWEN3_5, gated_deltanet, olmo_hybrid_layers, qwen3_5_layers, state_shapes
 from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
-from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
+from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, LFM3, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
                           falcon_h1_weights, granite_h_layers, lfm2_layers, lfm2_weights, mamba2,
                           nemotron_h_layers, short_conv)
 from .onnx_source import (HUNYUAN, POST_NORMS, gemma3_config as _gemma3, read_config as _config,
@@ -106,16 +106,18 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     # q/k norms: per head before the rotary, over the whole projection (OLMo 2), per head after
     # the rotary (Hunyuan: the rotary leaves GQA), or none
     qk_norm = {"Qwen3ForCausalLM": "head", QWEN3_5: "head", "Gemma3ForCausalLM": "head", "Exaone4ForCausalLM": "head",
-               LFM2: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole", OLMO_HYBRID: "whole",
+               LFM2: "head", LFM3: "head", "Olmo2ForCausalLM": "whole", "Olmo3ForCausalLM": "whole", OLMO_HYBRID: "whole",
                HUNYUAN: "after_rope"}.get(arch)
     qk_keys = {HUNYUAN: ("query_layernorm", "key_layernorm"), LFM2: ("q_layernorm", "k_layernorm")}.get(
         arch, ("q_norm", "k_norm"))
     conv = [False] * n_layers  # LFM2's short-convolution layers (a state, no KV)
     mamba, hc = [False] * n_layers, None  # Granite 4.0-H's Mamba2 layers (two states, no KV)
     states: dict[int, list[tuple[str, str, list[int]]]] = {}  # layer -> its states (in, out, shape)
-    if arch == LFM2:
+    if arch in (LFM2, LFM3):
         conv, eps = lfm2_layers(hf_dir), float(cfg.get("norm_eps", 1e-5))
-        lfm2_weights(w, conv)
+        if arch == LFM3 and float(cfg.get("rms_norm_eps", eps)) != eps:
+            raise _refuse(f"q/k norms' epsilon ({cfg['rms_norm_eps']}) other than the layers' ({eps}) on {LFM3}")
+        lfm2_weights(w, conv, sandwich=arch == LFM3 and bool(cfg.get("use_sandwich_norm", True)))
         width = int(cfg.get("conv_L_cache", 3)) - 1
         states = {i: [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [hidden, width])] for i in range(n_layers) if conv[i]}
     delta, qc = [False] * n_layers, None  # Qwen3.5's Gated DeltaNet layers (two states, no KV)
@@ -147,6 +149,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         rope_on = [hc.position_embedding_type != "nope"] * n_layers
     if arch == NEMOTRON_H:  # its attention has no positions at all
         rope_on = [False] * n_layers
+    # Gemma 3's and LFM3's norms on each sublayer's input and output (pre_feedforward / post_* names)
+    sandwich = gemma or (arch == LFM3 and bool(cfg.get("use_sandwich_norm", True)))
     if arch == OLMO_HYBRID:  # (the released checkpoints: no rotary); its attention layers are OLMo 3's
         rope_on = [olmo_rope] * n_layers
         post_norms = [not d for d in delta]
@@ -174,7 +178,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         sliding = [t == "sliding_attention" for t in ec.layer_types]
         windows = [window if s else -1 for s in sliding]
         rope_on = [s or ec.sliding_window is None for s in sliding]
-    if arch == "Olmo3ForCausalLM":  # sliding layers: the window and their own RoPE parameters
+    if arch in ("Olmo3ForCausalLM", LFM3):  # sliding layers: the window and their own RoPE parameters
         from transformers import AutoConfig
 
         local = [t == "sliding_attention" for t in AutoConfig.from_pretrained(str(hf_dir)).layer_types]
@@ -266,6 +270,16 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         a = node("GroupQueryAttention", [*qkv_in, pk, pv, "seqlens_k", "total_sequence_length", *rope],
                  [f"/{p}/attn/out", ok, ov], f"/{p}/attn/GroupQueryAttention", domain="com.microsoft",
                  **attrs)[0]
+        if arch == LFM3 and f"{p}.self_attn.gate_proj.weight" in w:  # each head's output times its gate
+            gate = node("Sigmoid", [linear(h, [f"{p}.self_attn.gate_proj"], f"/{p}/attn/gate_proj")],
+                        [f"/{p}/attn/gate"], f"/{p}/attn/Sigmoid")
+            heads = node("Reshape", [a, init(f"/{p}/attn/heads", np.array([0, 0, n_heads, head_dim], np.int64))],
+                         [f"/{p}/attn/heads_out"], f"/{p}/attn/Reshape_heads")
+            gated = node("Mul", [heads, node("Unsqueeze", [gate, init(f"/{p}/attn/ax", np.array([-1], np.int64))],
+                                             [f"/{p}/attn/gate_col"], f"/{p}/attn/Unsqueeze")],
+                         [f"/{p}/attn/gated_heads"], f"/{p}/attn/Gate")
+            a = node("Reshape", [gated, init(f"/{p}/attn/flat", np.array([0, 0, n_heads * head_dim], np.int64))],
+                     [f"/{p}/attn/gated"], f"/{p}/attn/Reshape_flat")
         if arch == QWEN3_5:  # the output gated per position and channel before o_proj
             gate = linear(h, [f"{p}.self_attn.gate_proj"], f"/{p}/attn/gate_proj")
             a = node("Mul", [a, node("Sigmoid", [gate], [f"/{p}/attn/gate"], f"/{p}/attn/Sigmoid")],
@@ -363,12 +377,12 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                 o = mamba2(builder, h, p, i, hc, eps)
             else:
                 o = attention(h, p, i)
-            if gemma or post_norms[i]:  # each sublayer's output normed before its residual add
+            if sandwich or post_norms[i]:  # each sublayer's output normed before its residual add
                 o = norm(o, f"{p}.post_attention_layernorm.weight", f"/{p}/post_attn_norm")
             if post_norms[i]:
                 residual = h2 = node("Add", [o, residual], [f"/{p}/attn/residual"], f"/{p}/attn/Add")
             else:
-                ln2_key = f"{p}.{'pre_feedforward' if gemma else 'post_attention'}_layernorm.weight"
+                ln2_key = f"{p}.{'pre_feedforward' if sandwich else 'post_attention'}_layernorm.weight"
                 ln2 = init(ln2_key, w[ln2_key])
                 h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
                                           [f"/{p}/ln2/out", "", "", f"/{p}/ln2/sum"], f"/{p}/ln2",
@@ -383,7 +397,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
                 act = node("Mul", [g, sg], [f"/{p}/mlp/silu"], f"/{p}/mlp/SiLU")
             gu = node("Mul", [act, u], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul")
             pending = linear(gu, [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
-            if gemma or post_norms[i]:
+            if sandwich or post_norms[i]:
                 pending = norm(pending, f"{p}.post_feedforward_layernorm.weight", f"/{p}/post_ff_norm")
         final = init("model.norm.weight", w["model.norm.weight"])
         # the final norm's output, every position: also a graph output (embeddings: runtime/embedding.py)

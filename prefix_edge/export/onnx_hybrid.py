@@ -48,6 +48,7 @@ import numpy as np
 from ..errors import PrefixEdgeError
 
 LFM2 = "Lfm2ForCausalLM"
+LFM3 = "Lfm3ForCausalLM"  # LFM2's conv layers beside full and sliding attention, gated per head, sandwich norms
 GRANITE_H = "GraniteMoeHybridForCausalLM"
 FALCON_H1 = "FalconH1ForCausalLM"
 STATE_IN, STATE_OUT = "past_conv.", "present_conv."  # + layer index: a recurrent layer's state
@@ -60,18 +61,23 @@ def lfm2_layers(hf_dir) -> list[bool]:
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(str(hf_dir))
-    bad = sorted({t for t in c.layer_types if t not in ("conv", "full_attention")})
+    kinds = ("conv", "full_attention", "sliding_attention") if c.model_type == "lfm3" else ("conv", "full_attention")
+    bad = sorted({t for t in c.layer_types if t not in kinds})
     if bad:
-        raise PrefixEdgeError(f"the own ONNX builder has no {bad[0]!r} layers on {LFM2} "
-                              "(it builds conv and full_attention)")
+        raise PrefixEdgeError(f"the own ONNX builder has no {bad[0]!r} layers on {c.architectures[0]} "
+                              f"(it builds {', '.join(kinds)})")
     return [t == "conv" for t in c.layer_types]
 
 
-def lfm2_weights(w: dict[str, np.ndarray], conv: list[bool]) -> None:
-    """Rename LFM2's tensors (in place) to the llama names the graph builder reads."""
+def lfm2_weights(w: dict[str, np.ndarray], conv: list[bool], sandwich: bool = False) -> None:
+    """Rename LFM2's (and LFM3's) tensors (in place) to the llama names the graph builder reads;
+    `sandwich`: LFM3's norms before and after each sublayer, named as Gemma 3's."""
     names = {"operator_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
              "self_attn.out_proj": "self_attn.o_proj", "feed_forward.w1": "mlp.gate_proj",
              "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj"}
+    if sandwich:
+        names.update({"ffn_norm": "pre_feedforward_layernorm", "post_operator_norm": "post_attention_layernorm",
+                      "post_ffn_norm": "post_feedforward_layernorm"})
     for i in range(len(conv)):
         p = f"model.layers.{i}."
         for old, new in names.items():

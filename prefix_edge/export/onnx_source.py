@@ -12,18 +12,18 @@ import numpy as np
 from ..errors import PrefixEdgeError
 from .onnx_gemma3n import GEMMA3N
 from .onnx_deltanet import OLMO_HYBRID, QWEN3_5
-from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2, NEMOTRON_H
+from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2, LFM3, NEMOTRON_H
 from .source import rope_parameters
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
                  LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM", NEMOTRON_H,
-                 QWEN3_5, OLMO_HYBRID)
+                 QWEN3_5, OLMO_HYBRID, LFM3)
 POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def refuse(what: str) -> PrefixEdgeError:

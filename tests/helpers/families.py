@@ -117,6 +117,12 @@ MORE = {
         num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_allow_neg_eigval=True,
         tie_word_embeddings=False, rms_norm_eps=1e-6), 3),
+    # LFM3 (llama.cpp has none): LFM2's conv layers beside full and sliding attention, a sigmoid gate
+    # per head, sandwich norms, proportional partial RoPE on the full layers (its config's defaults)
+    "lfm3": ("Lfm3ForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, sliding_window=8, conv_L_cache=3,
+        layer_types=["conv", "full_attention", "conv", "sliding_attention"], norm_eps=1e-5, rms_norm_eps=1e-5,
+        tie_word_embeddings=True), 2),
 }
 
 
