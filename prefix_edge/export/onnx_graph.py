@@ -53,7 +53,12 @@ Supported, each checked against transformers (tests/test_architectures.py):
   in and out: `past_conv.{i}`, `past_ssm.{i}`) beside attention layers without RoPE (nope),
   Granite's multipliers folded as for Granite 3.x, the shared MLP as the gated MLP;
 - FalconH1ForCausalLM: a Mamba2 mixer beside attention in every layer (outputs summed), its μP
-  multipliers folded into the weights.
+  multipliers folded into the weights;
+- the transformers-5 families: Olmo3ForCausalLM (OLMo 2's post-norms, sliding layers with their
+  own RoPE), Ministral3ForCausalLM (YaRN, the query scaled by position), NemotronHForCausalLM
+  (one mixer a layer: Mamba2, squared-ReLU MLP or position-free attention), Lfm3ForCausalLM
+  (LFM2's conv layers, full and sliding attention gated per head, sandwich norms),
+  Qwen3_5ForCausalLM and OlmoHybridForCausalLM (Gated DeltaNet layers: export/onnx_deltanet.py).
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
