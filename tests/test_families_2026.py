@@ -66,13 +66,15 @@ def test_the_optimum_builder_without_optimum_is_one_line(tiny_model, tasks_file,
     assert "--onnx-builder optimum" in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_gemma_4_multimodal_checkpoint_exports_its_text_path(tmp_path):
-    """Gemma 4 ships as Gemma4ForConditionalGeneration (vision and audio towers beside the
-    language model, whose weights sit under model.language_model.): export reads its text path
-    (Gemma4ForCausalLM, as for Gemma 3n) and the bundle answers as the text model's own bundle."""
+@pytest.mark.parametrize("kind, multimodal", [("gemma4", "Gemma4"), ("qwen3_5", "Qwen3_5")])
+def test_a_multimodal_checkpoint_exports_its_text_path(kind, multimodal, tmp_path):
+    """Gemma 4 and Qwen3.5 ship as *ForConditionalGeneration (vision (and audio) towers beside the
+    language model, whose weights sit under model.language_model.): export reads the text path
+    (*ForCausalLM, as for Gemma 3n) and the bundle answers as the text model's own bundle, bit for
+    bit, on every engine it has."""
     import numpy as np
+    import transformers
     from safetensors.torch import load_file, save_file
-    from transformers import Gemma4Config
 
     from prefix_edge import Runtime
     from prefix_edge.export.build import export_bundle
@@ -80,10 +82,10 @@ def test_a_gemma_4_multimodal_checkpoint_exports_its_text_path(tmp_path):
     from .helpers.parity import baked_and_prefilled
 
     text_dir, mm_dir = tmp_path / "text", tmp_path / "multimodal"
-    model, tok = build_family("gemma4", text_dir)
+    model, tok = build_family(kind, text_dir)
     mm_dir.mkdir()
-    config = Gemma4Config(text_config=model.config.to_dict())
-    config.architectures = ["Gemma4ForConditionalGeneration"]
+    config = getattr(transformers, f"{multimodal}Config")(text_config=model.config.to_dict())
+    config.architectures = [f"{multimodal}ForConditionalGeneration"]
     config.save_pretrained(mm_dir)
     weights = {"model.language_model." + k[len("model."):]: v for k, v in load_file(str(text_dir / "model.safetensors")).items()
                if k.startswith("model.")}
@@ -98,9 +100,13 @@ def test_a_gemma_4_multimodal_checkpoint_exports_its_text_path(tmp_path):
         export_bundle(src, tmp_path / "tasks.toml", tmp_path / f"b-{src.name}", quantize="none", gguf_quant="f32",
                       progress=False)
     manifest = json.loads((tmp_path / "b-multimodal" / "manifest.json").read_text())
-    assert manifest["model"]["architecture"] == "Gemma4ForCausalLM" and sorted(manifest["backends"]) == ["gguf"]
-    with Runtime.open(tmp_path / "b-text", backend="gguf") as a, Runtime.open(tmp_path / "b-multimodal", backend="gguf") as b:
-        for task in ("support", "raw"):
-            baked_a, _ = baked_and_prefilled(a, task, "The quick brown fox")
-            baked_b, prefilled_b = baked_and_prefilled(b, task, "The quick brown fox")
-            assert np.array_equal(baked_a, baked_b) and np.array_equal(baked_b, prefilled_b), task
+    backends = ["gguf"] if kind == "gemma4" else ["gguf", "onnx"]  # (no own ONNX graph of Gemma 4 yet)
+    assert manifest["model"]["architecture"] == f"{multimodal}ForCausalLM" and sorted(manifest["backends"]) == backends
+    for backend in backends:
+        with Runtime.open(tmp_path / "b-text", backend=backend) as a, \
+                Runtime.open(tmp_path / "b-multimodal", backend=backend) as b:
+            for task in ("support", "raw"):
+                baked_a, _ = baked_and_prefilled(a, task, "The quick brown fox")
+                baked_b, prefilled_b = baked_and_prefilled(b, task, "The quick brown fox")
+                assert np.array_equal(baked_a, baked_b), (backend, task)
+                assert np.abs(baked_b - prefilled_b).max() <= (0 if backend == "gguf" else 1e-5), (backend, task)
