@@ -134,8 +134,9 @@ class Bench:
                    "ttft_restored_memory_ms": _median(memory),
                    "prefix_file_bytes": path.stat().st_size,
                    "bytes_per_prefix_token": round(path.stat().st_size / P, 1)}
-            row["speedup"] = round(row["ttft_prefilled_ms"] / row["ttft_restored_ms"], 2)
-            row["speedup_memory"] = round(row["ttft_prefilled_ms"] / row["ttft_restored_memory_ms"], 2)
+            # three significant digits: a ratio under 0.005 (a tiny prefix, a busy CPU) is not 0
+            row["speedup"] = float(f"{row['ttft_prefilled_ms'] / row['ttft_restored_ms']:.3g}")
+            row["speedup_memory"] = float(f"{row['ttft_prefilled_ms'] / row['ttft_restored_memory_ms']:.3g}")
             self.log(f"  {be.name} P={P}: prefilled {row['ttft_prefilled_ms']:.1f} ms, "
                      f"restored {row['ttft_restored_ms']:.1f} ms ({row['speedup']}x), "
                      f"from memory {row['ttft_restored_memory_ms']:.1f} ms ({row['speedup_memory']}x)")
