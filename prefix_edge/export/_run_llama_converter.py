@@ -111,10 +111,11 @@ def granite_h_layer_names(hparams: dict) -> dict:
     """A Granite 4.0-H config as transformers 4 wrote it: transformers 5 names its layer_types
     "linear_attention" / "full_attention", and llama.cpp's converter reads "attention" only (it
     would take every layer for a Mamba2 one)."""
+    from .onnx_hybrid import GRANITE_H_KINDS
+
     if hparams.get("model_type") != "granitemoehybrid" or not isinstance(hparams.get("layer_types"), list):
         return hparams
-    old = {"linear_attention": "mamba", "full_attention": "attention"}
-    return {**hparams, "layer_types": [old.get(t, t) for t in hparams["layer_types"]]}
+    return {**hparams, "layer_types": [GRANITE_H_KINDS.get(t, t) for t in hparams["layer_types"]]}
 
 
 def gemma3n_shared_kv(hparams: dict, tensors: dict) -> dict:

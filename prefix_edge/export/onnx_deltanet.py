@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PrefixEdgeError
-from .onnx_hybrid import SSM_IN, SSM_OUT, causal_conv
+from .onnx_hybrid import SSM_IN, SSM_OUT, STATE_IN, STATE_OUT, causal_conv
 
 QWEN3_5 = "Qwen3_5ForCausalLM"
 OLMO_HYBRID = "OlmoHybridForCausalLM"
@@ -88,7 +88,7 @@ def olmo_hybrid_layers(hf_dir, w: dict[str, np.ndarray]):
 def state_shapes(c, i: int) -> list[tuple[str, str, list[int]]]:
     """Layer i's two states: the conv window over q, k, v and the delta rule's S."""
     conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
-    return [(f"past_conv.{i}", f"present_conv.{i}", [conv_dim, int(c.linear_conv_kernel_dim) - 1]),
+    return [(f"{STATE_IN}{i}", f"{STATE_OUT}{i}", [conv_dim, int(c.linear_conv_kernel_dim) - 1]),
             (f"{SSM_IN}{i}", f"{SSM_OUT}{i}", [int(c.linear_num_value_heads), int(c.linear_key_head_dim),
                                                int(c.linear_value_head_dim)])]
 
