@@ -127,9 +127,10 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("json_schema", "schema", None),  # a JSON schema, or true: any JSON object
     Field("regex", "pattern", None),
     Field("grammar", "pattern", None),     # a Lark grammar (llguidance's dialect)
-    Field("speculative", "choice", "off", choices=("off", "lookup"),
-          help="lookup: draft the constraint's forced tokens and spans of the input, verified in "
-               "one forward (docs/speculative.md)"),
+    Field("speculative", "choice", "off", choices=("off", "lookup", "mtp"),
+          help="lookup: draft the constraint's forced tokens and spans of the input; mtp: draft "
+               "with the model's own MTP head (a runtime opened with mtp_head); verified in one "
+               "forward (docs/speculative.md)"),
     Field("compose_documents", "bool", False,
           help="the call's documents' KV computed once each and composed in any order: faster on "
                "documents seen before, not exact (docs/context-reuse.md)"),

@@ -88,10 +88,11 @@ def run(
         if input is not None or as_json:
             raise PrefixEdgeError("--chat reads its turns from the terminal (no INPUT, no --json)")
         with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1,
-                          task_store=task_store) as rt:
+                          task_store=task_store, mtp_head=speculative == "mtp") as rt:
             return _chat(rt, task, system, save, {k: v for k, v in opts.items() if v is not None})
     text = read_input(input)
-    with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1, task_store=task_store) as rt:
+    with Runtime.open(bundle, backend=backend, device=device, threads=threads, slots=1, task_store=task_store,
+                      mtp_head=speculative == "mtp") as rt:
         if as_json:
             r = rt.generate(task, text, **opts)
             keys = ("prefix_tokens", "input_tokens", "prefix_load_ms", "ttft_ms", "decode_tok_s", "total_ms",

@@ -27,6 +27,7 @@ def serve(
     kv_cells: Optional[int] = typer.Option(None, "--kv-cells", help="llama.cpp KV cells in all (default: slots x n-ctx; with --shared-kv: from the longest prefix and slots)."),
     shared_kv: bool = typer.Option(False, "--shared-kv", help="llama.cpp: one KV cache shared by all requests and resident prefixes (less memory; answers may move with load)."),
     window_cache: str = typer.Option("full", "--window-cache", help="llama.cpp, sliding-window layers (Gemma 3): 'full' keeps every position's cells (exact); 'window' a ring of the window and a batch (less memory on long contexts; answers may differ at near ties)."),
+    mtp_head: bool = typer.Option(False, "--mtp-head", help="llama.cpp, a model that ships an MTP head (Qwen3.5): load it, so that speculative=\"mtp\" requests draft with it (docs/speculative.md)."),
     prompt_cache: int = typer.Option(512, "--prompt-cache", "--turn-cache", help="MiB of host memory for the KV of prompts already read: a request starting with the same tokens (the same documents or system prompt, a conversation's next turn) prefills only the rest; 0: off."),
     document_cache: int = typer.Option(512, "--document-cache", help="MiB of host memory for documents' KV kept for compose_documents=true requests (each document computed once, composed in any order); 0: off."),
     cache: int = typer.Option(512, "--cache", help="MiB of host memory for the prompt and document caches together (the entry used longest ago, in either, goes first; each keeps its own cap too)."),
@@ -122,7 +123,7 @@ def serve(
                           prompt_cache_bytes=max(0, prompt_cache) << 20,
                           prompt_cache_disk_bytes=max(0, prompt_cache_disk) << 20,
                           document_cache_bytes=max(0, document_cache) << 20, cache_bytes=max(0, cache) << 20,
-                          read_ahead=read_ahead, window_cache=window_cache, task_store=task_store,
+                          read_ahead=read_ahead, window_cache=window_cache, mtp_head=mtp_head, task_store=task_store,
                           task_bytes=max(1, int(task_mb * (1 << 20))),
                           task_store_bytes=max(0, int(task_store_mb * (1 << 20))))
         application = create_app(rt, api_key=api_key, keys=keys, metrics_public=metrics_public, aliases=aliases,

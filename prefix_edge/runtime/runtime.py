@@ -143,7 +143,7 @@ class Runtime:
              prompt_cache_disk_hits: int = 2, prompt_cache_disk_tokens: int = 256,
              document_cache_bytes: int = DOCUMENT_CACHE_BYTES, cache_bytes: int = CACHE_BYTES,
              priority: str = "normal", read_ahead: bool = True, window_cache: str = "full",
-             engine: type | None = None, task_store: str | Path | None = None,
+             mtp_head: bool = False, engine: type | None = None, task_store: str | Path | None = None,
              task_bytes: int = TASK_BYTES, task_store_bytes: int = STORE_BYTES) -> "Runtime":
         """Open a bundle. backend: "onnx", "gguf" or "auto" (the one the bundle has, in this order:
         gguf, then onnx, if llama.cpp runs on this machine). n_ctx caps the positions of one
@@ -181,6 +181,9 @@ class Runtime:
         and one batch (llama.cpp's own default: less memory on long contexts, e.g. 45 MB less
         per slot at 4,096 tokens on Gemma 3 270M), where a restored state's attention sums run
         in other lanes than a prefill's and answers may differ at near ties (docs/models.md).
+        mtp_head (llama.cpp, a model that ships an MTP head: Qwen3.5): load the head, so that
+        speculative="mtp" drafts with it (docs/speculative.md); it costs the head's KV and, on a
+        hybrid, snapshots of each slot's recurrent state.
         engine: the Engine class (runtime/engines/protocol.py) that opens the bundle's `backend`
         files in place of the registry's (runtime/engines/__init__.py): an engine of one's own,
         or the test tier's fake. task_store: where tasks created at run time are kept (add_task;
@@ -212,13 +215,14 @@ class Runtime:
             raise PrefixEdgeError(f"window_cache must be 'full' or 'window', got {window_cache!r}")
         if priority not in PRIORITIES:
             raise PrefixEdgeError(f"priority must be one of {', '.join(map(repr, PRIORITIES))}, got {priority!r}")
-        for name, flag in (("shared_kv", shared_kv), ("read_ahead", read_ahead)):
+        for name, flag in (("shared_kv", shared_kv), ("read_ahead", read_ahead), ("mtp_head", mtp_head)):
             if not isinstance(flag, bool):
                 raise PrefixEdgeError(f"{name} must be true or false, got {flag!r}")
         longest = max((t.prefix_tokens for t in bundle.tasks.values()), default=0)
         cfg = EngineConfig(device=device, threads=threads, n_ctx=n_ctx, slots=slots,
                            prefill_chunk=prefill_chunk, shared_kv=shared_kv, kv_cells=kv_cells,
-                           verify=verify, longest_prefix=longest, priority=priority, window_cache=window_cache)
+                           verify=verify, longest_prefix=longest, priority=priority, window_cache=window_cache,
+                           mtp_head=mtp_head)
         def opening():  # the tokenizer loads while the engine's model does (overlap.py)
             with beside(lambda: Tokenizer.from_file(str(bundle.tokenizer_file))) as loading:
                 return (engine or engine_class(backend)).from_bundle(bundle, hashes, cfg), loading

@@ -250,3 +250,43 @@ def build_gemma3n(out: Path, sentencepiece: bool = False, **text_overrides):
         if getattr(m, "config", None) is not None:
             m.config._attn_implementation = "sdpa"
     return model, tokenizer
+
+
+def build_qwen3_5_mtp(out: Path, trunk_scale: float = 0.0, fc_hidden: float = 0.0):
+    """A seeded tiny Qwen3.5 (FAMILIES["qwen3_5"]) with an MTP head as Qwen3.5's checkpoints ship
+    one (`mtp.*`, config mtp_num_hidden_layers 1), saved in `out`; returns (model, tokenizer).
+
+    transformers' Qwen3_5ForCausalLM makes no head, so it is written here: a copy of the full-
+    attention layer 3, fc = [c I, fc_hidden R] (the token's embedding, normalised, times c, plus
+    fc_hidden times a random map of the model's hidden state), the model's final norm. The
+    embedding rows are scaled to one RMS (c), so fc gives the token's embedding back: with
+    the Gated DeltaNet layers 0-2's outputs times `trunk_scale` = 0 the model is layer 3 over
+    the embeddings and the head computes what the model computes one position on (its drafts
+    are kept); a trunk_scale > 0 or fc_hidden > 0 makes them differ."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model, tokenizer = build_family("qwen3_5", out)
+    sd = load_file(str(out / "model.safetensors"))
+    h, c = model.config.hidden_size, 0.1
+    emb = sd["model.embed_tokens.weight"]
+    sd["model.embed_tokens.weight"] = c * emb / emb.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-8)
+    for k, v in list(sd.items()):
+        if k.startswith("model.layers.3."):
+            sd["mtp.layers.0." + k[len("model.layers.3."):]] = v.clone()
+        if k.startswith(("model.layers.0.", "model.layers.1.", "model.layers.2.")) and \
+                k.endswith(("out_proj.weight", "down_proj.weight")):
+            sd[k] = v * trunk_scale
+    fc = torch.zeros(h, 2 * h)
+    fc[:, :h] = c * torch.eye(h)
+    fc[:, h:] = fc_hidden * torch.randn(h, h, generator=torch.Generator().manual_seed(3)) / h ** 0.5
+    sd["mtp.fc.weight"] = fc
+    sd["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)  # (zero-centred: a scale of 1)
+    sd["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(h)
+    sd["mtp.norm.weight"] = sd["model.norm.weight"].clone()
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "mtp_num_hidden_layers": 1}, indent=2))
+    return model, tokenizer

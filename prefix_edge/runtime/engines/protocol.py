@@ -80,6 +80,9 @@ class EngineConfig:
     # (exact: a hit and a bake equal a prefill); "window" a ring of the window and one batch
     # (less memory on long contexts; answers may differ from a prefill in the last bits)
     window_cache: str = "full"
+    # llama.cpp, a model with an MTP head (Qwen3.5's): the head loaded to draft for
+    # speculative="mtp" (its context, and on a hybrid snapshots of the recurrent state)
+    mtp_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,9 @@ class Engine(Protocol):
     # model gives only the last position's logits (an ONNX graph without `logits_rows`):
     # `speculative="lookup"` then decodes as "off".
     verifies: bool
+    # The model's own MTP head drafts here (speculative="mtp": mtp_draft(seq, token, pos, k),
+    # llama/mtp.py); False: no head, or not loaded (EngineConfig.mtp_head), and "mtp" decodes as "off".
+    drafts_mtp: bool
     # One forward of several sequences' tokens gives each sequence the logits of its lone
     # forward, bit for bit. False where the engine computes a token otherwise beside another
     # sequence's (llama.cpp on the tiny seeded Gemma 3 and Gemma 3n, not on the real Gemma 3
@@ -191,6 +197,8 @@ class Engine(Protocol):
     def forward(self, items: list[tuple]) -> list[np.ndarray]: ...
 
     def seq_truncate(self, seq: int, pos: int) -> None: ...  # keep positions 0..pos-1 (verifies)
+
+    def mtp_draft(self, seq: int, token: int, pos: int, k: int) -> list[int]: ...  # (drafts_mtp)
 
     def seq_free(self, seq: int) -> None: ...
 

@@ -1,4 +1,4 @@
-"""Speculative decoding by lookup (`speculative="lookup"`): more than one token per forward.
+"""Speculative decoding (`speculative="lookup"` or `"mtp"`): more than one token per forward.
 
 On a CPU a decode step reads every weight once for one token; a forward of a few more tokens
 costs about the same. So for a request in its decode phase the scheduler (loop.py) drafts
@@ -43,6 +43,14 @@ else runs. Verifying k tokens at once is a k-token prefill, whose last bits can 
 from one-at-a-time decoding: greedy answers can differ from "off" in near-ties
 (docs/speculative.md measures how often). The prompt and turn caches keep a prompt's KV before
 its first decoded token only (loop.Scheduler._keep_prompt), so no draft's KV is ever stored there.
+
+`speculative="mtp"` drafts with the model's own MTP head instead of lookups (engine.mtp_draft,
+runtime/engines/llama/mtp.py: Qwen3.5's checkpoints ship one; a runtime opened with mtp_head):
+the constraint's forced tokens where it has some, else up to k of the head's greedy tokens, cut
+where the constraint refuses one, verified and kept exactly as above (HeadDrafter). k adapts
+as lookup's does; a draft of which nothing is kept pauses the head for 1, 2, 4 ... PAUSE_MAX
+steps, scaled by the row cost, as a missed lookup does (a head that keeps missing, as a random
+model's does, then costs little).
 """
 
 from __future__ import annotations
@@ -81,27 +89,43 @@ class Drafting:
         """r's draft to forward after its next token (speculative="lookup"), or None: its
         next token alone. At most `budget` tokens, and never past what max_tokens lets the
         "off" run write (so its KV reservation holds)."""
-        if r.call.speculative != "lookup" or not r.drafts or r.cancel_reason:
+        spec = r.call.speculative
+        if spec not in ("lookup", "mtp") or not r.drafts or r.cancel_reason:
             return None
         if r.drafter is None:
-            if not self.backend.verifies:
-                self._say()
+            if not self.backend.verifies or (spec == "mtp" and not getattr(self.backend, "drafts_mtp", False)):
+                self._say(spec)
                 r.drafts = False
                 return None
-            first = (r.parent if r.parent is not None else r).call  # a choice: its first one's input
-            r.drafter = Drafter(r.call.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.call.ids]))
+            if spec == "mtp":
+                r.drafter = HeadDrafter(self.backend)
+            else:
+                first = (r.parent if r.parent is not None else r).call  # a choice: its first one's input
+                r.drafter = Drafter(r.call.ids if first.prefix is None else np.concatenate([first.prefix.ids, r.call.ids]))
         limit = min(budget, r.call.max_tokens - r.n_samples - 1)
-        draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit, self.cost.share()) if limit > 0 else []
+        if limit <= 0:
+            return None
+        if spec == "mtp":
+            draft = r.drafter.propose(r, r.sampler.constraint, limit, self.cost.share())
+        else:
+            draft = r.drafter.propose(r.tokens, r.sampler.constraint, limit, self.cost.share())
         return draft or None
 
-    def _say(self) -> None:
+    def _say(self, spec: str) -> None:
         if not self.said:
             self.said = True
             be = self.backend
+            if spec == "mtp" and be.name != "gguf":
+                why = "an MTP head drafts on the gguf engine only"
+            elif spec == "mtp" and not getattr(be, "drafts_mtp", False):
+                why = "the model has no MTP head, or the runtime was opened without mtp_head"
+            elif not be.keeps_partial:
+                why = "its state cannot be cut back"
+            else:
+                why = "its graph gives only the last position's logits"
             logging.getLogger("prefix_edge").warning(
-                "speculative='lookup': the %s engine cannot verify drafts here (%s); decoding one "
-                "token per forward", be.name, "its state cannot be cut back" if not be.keeps_partial
-                else "its graph gives only the last position's logits")
+                "speculative=%r: the %s engine cannot draft and verify here (%s); decoding one "
+                "token per forward", spec, be.name, why)
 
     def verify(self, r, rows: np.ndarray, draft: list[int], sample, finish) -> None:
         """r forwarded its next token and `draft`: its tokens from each row in turn (the
@@ -198,6 +222,52 @@ class Drafter:
             self.rate = 0.7 * self.rate + 0.3 * kept / max(1, drafted - self.forced)
             if kept == 0 or self.rate < self.row_cost:
                 # 1, 2, 4 ... PAUSE_MAX steps at the prior cost, longer where a probe costs more
+                scale = self.row_cost / ROW_PRIOR
+                self.pause = int(np.ceil(min(PAUSE_MAX, 1 << self.misses) * scale))
+                self.misses += 1
+            else:
+                self.misses = 0
+
+
+class HeadDrafter:
+    """One request's drafting with the model's MTP head (speculative="mtp"): k, and the pause
+    after drafts of which nothing was kept."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.k = 3  # llama.cpp's default draft length for an MTP head
+        self.pause = self.misses = 0
+        self.drafted = self.accepted = 0
+        self.forced = 0
+        self.row_cost = ROW_PRIOR
+        self.looked = False
+
+    def propose(self, r, constraint, limit: int, row_cost: float = ROW_PRIOR) -> list[int]:
+        """The constraint's forced tokens after r's next one, else up to min(k, limit) of the
+        head's, cut where the constraint refuses one."""
+        out: list[int] = constraint.forced(min(self.k, limit)) if constraint is not None else []
+        self.forced, self.looked = len(out), False
+        self.row_cost = max(ROW_FLOOR, row_cost)
+        if not out:
+            if self.pause:
+                self.pause -= 1
+                return []
+            out = self.backend.mtp_draft(r.seq, int(r.next_token), r.pos, min(self.k, limit))
+            self.looked = bool(out)
+        if out and constraint is not None:
+            out = out[:constraint.valid_prefix(out)]
+        return out
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """After a verified draft: k grows with a whole draft kept (to K_MAX), else falls to
+        what was kept plus one; a head's draft kept in nothing pauses the head (1, 2, 4 ...
+        PAUSE_MAX steps times the row cost over ROW_PRIOR)."""
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted:
+            self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        if self.looked:
+            if accepted == 0:
                 scale = self.row_cost / ROW_PRIOR
                 self.pause = int(np.ceil(min(PAUSE_MAX, 1 << self.misses) * scale))
                 self.misses += 1

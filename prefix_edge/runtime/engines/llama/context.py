@@ -32,6 +32,7 @@ class ContextSpec:
     flash_attn: bool
     threads: int | None
     swa_full: bool = True  # sliding-window layers keep every position's cell (exact; see make_context)
+    n_rs_seq: int = 0  # a recurrent state's snapshots kept per sequence, to cut it back (engine.RS_SNAPSHOTS)
 
 
 def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
@@ -63,6 +64,7 @@ def make_context(L, model, spec: ContextSpec, n_ctx: int, device: str):
     cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if spec.flash_attn
                           else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     cp.no_perf = True
+    cp.n_rs_seq = spec.n_rs_seq
     if spec.threads:
         cp.n_threads = cp.n_threads_batch = spec.threads
     ctx = L.llama_init_from_model(model, cp)

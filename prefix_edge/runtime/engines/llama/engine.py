@@ -32,6 +32,7 @@ from ....errors import PrefixEdgeError
 from ..cpu_share import cpu_share, lower_this_thread
 from ..protocol import Embeddings, EngineConfig, OneSequence, Opened, StateLayout, fit_prefix
 from .context import ContextSpec, batches_alike, grow, make_context
+from .mtp import MtpHead, nextn_functions
 from ....llamacpp.lib import (KV_TYPES, _format_part, available_devices, kv_rotation, load_llama_cpp,
                         state_version)
 from .state import BACKEND, Layout, SeqBlob, StateFormat, read_layout
@@ -42,6 +43,7 @@ from ....llamacpp.seqstate_write import in_stream, out_of_stream, unfold_window
 
 
 WINDOW_CACHES = ("full", "window")  # EngineConfig.window_cache
+RS_SNAPSHOTS = 9  # a recurrent state's positions kept for cutting back (speculative="mtp"): drafts of up to 8
 
 
 class LlamaBackend(OneSequence):
@@ -51,7 +53,7 @@ class LlamaBackend(OneSequence):
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
                  n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
                  max_ctx_seq: int | None = None, adaptive: bool = False, background: bool = False,
-                 window_cache: str = "full"):
+                 window_cache: str = "full", mtp_head: bool = False):
         L = self._L = load_llama_cpp()
         # adaptive: `threads` is the most a forward runs; each one runs what the CPUs have free
         # then (cpu_share.py), so the engine never collapses beside another busy process
@@ -82,6 +84,8 @@ class LlamaBackend(OneSequence):
 
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0 if device == "cpu" else -1
+        # a model with an MTP head (Qwen3.5's), asked for: its layers loaded for speculative="mtp" (mtp.py)
+        mp.load_mtp = bool(mtp_head)
         self.model = native_load(lambda: L.llama_model_load_from_file(str(model_path).encode(), mp))
         if not self.model:
             from ....llamacpp.child import load_failure
@@ -136,8 +140,14 @@ class LlamaBackend(OneSequence):
         if window_cache not in WINDOW_CACHES:
             raise PrefixEdgeError(f"window_cache must be one of {', '.join(map(repr, WINDOW_CACHES))}, got {window_cache!r}")
         self.window_cache = window_cache
+        # the MTP head drafts where llama.cpp's hidden-state switches exist; a hybrid's recurrent
+        # state then keeps snapshots of its last RS_SNAPSHOTS positions, so a rejected draft can
+        # be cut back (verifies)
+        funcs = nextn_functions(L) if mp.load_mtp and L.llama_model_n_layer_nextn(self.model) > 0 else None
         self._spec = ContextSpec(n_seq_max, n_batch or n_ctx, kv_unified, KV_TYPES[kv_type], flash_attn, threads,
-                                 swa_full=window_cache == "full")
+                                 swa_full=window_cache == "full",
+                                 n_rs_seq=RS_SNAPSHOTS if funcs and hybrid and not self.n_swa else 0)
+        self.mtp = None
         try:
             self.ctx = make_context(L, self.model, self._spec, n_ctx, device)
         except PrefixEdgeError:
@@ -163,6 +173,12 @@ class LlamaBackend(OneSequence):
                                   self.state_version, self.n_swa, layout, self.head_dim_swa, self.head_dim_v_swa)
         self.batches_sequences = batches_alike(self)
         self.bytes_per_cell = self.format.bytes_per_cell
+        if funcs is not None:
+            try:
+                self.mtp = MtpHead(self, self.max_ctx_seq, funcs)
+            except PrefixEdgeError:
+                self.mtp = None  # no room for the head's context: speculative="mtp" decodes as "off"
+            self.adopt_context()
 
     def adopt_context(self) -> None:
         L = self._L
@@ -171,6 +187,8 @@ class LlamaBackend(OneSequence):
         self.mem = L.llama_get_memory(self.ctx)
         self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
         self.n_ctx_seq = int(L.llama_n_ctx_seq(self.ctx))  # cells one sequence may hold now
+        if getattr(self, "mtp", None) is not None:  # every forwarded token's hidden state, for the head
+            self.mtp.set_nextn(self.ctx, True, False)
 
     # -- model facts ----------------------------------------------------------------------
     CTX_DEFAULT = 4096      # positions per request unless n_ctx says otherwise
@@ -212,7 +230,7 @@ class LlamaBackend(OneSequence):
         be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
                  adaptive=cfg.threads is None and not background, background=background, n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
-                 max_ctx_seq=grow_to, window_cache=cfg.window_cache, **gguf_state_options(bundle.backend("gguf").state))
+                 max_ctx_seq=grow_to, window_cache=cfg.window_cache, mtp_head=cfg.mtp_head, **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
             return Opened(be, ctx, kv_cells, True, request_seqs=tuple(range(1, slots + 1)),
                           resident_seqs=tuple(range(slots + 1, be.n_seq_max)))
@@ -260,6 +278,8 @@ class LlamaBackend(OneSequence):
         L = self._L
         self._live()
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        if self.mtp is not None:
+            self.mtp.reset(seq)
         if prefix is None:
             return 0
         if prefix.state not in self._checked:  # nothing unchecked reaches llama.cpp
@@ -291,6 +311,8 @@ class LlamaBackend(OneSequence):
         if last != n - 1:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             raise PrefixEdgeError(f"prefix restore left positions up to {last}, expected {n - 1}")
+        if self.mtp is not None:
+            self.mtp.restored(seq, prefix.ids, n, prefix.n_virtual)
         return n
 
     def seq_copy(self, src: int, dst: int) -> None:
@@ -299,6 +321,8 @@ class LlamaBackend(OneSequence):
         self._live()
         self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        if self.mtp is not None:
+            self.mtp.copied(src, dst)
         if self.n_stream > 1:
             self._copied[dst] = self._copied.get(src, src)
 
@@ -403,10 +427,22 @@ class LlamaBackend(OneSequence):
             L.llama_set_n_threads(ctx, n, n)  # a setter of the context's params: free
             return L.llama_decode(ctx, batch)
 
+    def process(self, ctx, batch_ext) -> int:
+        """llama_process (decode) of an extended batch on `ctx` (the MTP head's), with the
+        threads decode would use."""
+        L = self._L
+        if not self.adaptive:
+            return L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch_ext)
+        with cpu_share().lease(self.threads) as n:
+            L.llama_set_n_threads(ctx, n, n)
+            return L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch_ext)
+
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
             self._copied.pop(seq, None)
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            if self.mtp is not None:
+                self.mtp.reset(seq)
 
     def forward(self, items: list[tuple]) -> list[np.ndarray]:
         """One llama_decode over several sequences: items are (seq, first position, token ids)
@@ -418,7 +454,7 @@ class LlamaBackend(OneSequence):
         grow(self, max(it[1] + np.size(it[2]) for it in items))
         b = self.batch
         k = 0
-        last = []
+        last, firsts = [], []
         for seq, pos, ids, *rows in items:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size == 0:
@@ -440,6 +476,7 @@ class LlamaBackend(OneSequence):
                 k += 1
             b.logits[k - 1] = 1
             last.append((k - 1, n_rows))
+            firsts.append(k - ids.size)
         b.n_tokens = k
         rc = self.decode(self.ctx, b)
         self._copied.clear()  # a decode carries out every pending copy
@@ -448,6 +485,9 @@ class LlamaBackend(OneSequence):
                 L.llama_memory_seq_rm(self.mem, seq, pos, -1)
             why = "the KV cache is full" if rc == 1 else f"code {rc}"
             raise PrefixEdgeError(f"llama_decode failed ({why})")
+        if self.mtp is not None:
+            for (seq, pos, ids, *_), first in zip(items, firsts):
+                self.mtp.observe(seq, pos, np.asarray(ids).reshape(-1), first)
         out = []
         for i, n_rows in last:
             rows = [self._logits_at(j) for j in range(i - max(n_rows, 1) + 1, i + 1)]
@@ -465,12 +505,29 @@ class LlamaBackend(OneSequence):
         self._live()
         if not self.verifies or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
             raise PrefixEdgeError(f"cannot cut sequence {seq} back to {pos} here")
+        if self.mtp is not None:
+            self.mtp.truncate(seq, pos)
 
     @property
     def verifies(self) -> bool:
         """Drafts can be verified: every layer's cells can be cut back (no sliding window, no
-        recurrent state)."""
-        return self.keeps_partial
+        recurrent state, or a recurrent state with snapshots of its last positions: a model
+        with an MTP head)."""
+        return self.keeps_partial or self._spec.n_rs_seq > 0
+
+    @property
+    def drafts_mtp(self) -> bool:
+        """The model's own MTP head drafts here (speculative="mtp")."""
+        return self.mtp is not None and self.verifies
+
+    def mtp_draft(self, seq: int, token: int, pos: int, k: int) -> list[int]:
+        """Up to min(k, RS_SNAPSHOTS - 1) tokens the MTP head drafts after `token`, which
+        `seq` forwards next at `pos` (mtp.py); none where it cannot."""
+        if not self.drafts_mtp:
+            return []
+        if self._spec.n_rs_seq:
+            k = min(k, self._spec.n_rs_seq - 1)
+        return self.mtp.draft(seq, token, pos, k)
 
     def seq_pos(self, seq: int) -> int:
         """The next position of `seq` (after its last stored cell)."""
@@ -559,6 +616,9 @@ class LlamaBackend(OneSequence):
         if getattr(self, "batch", None) is not None:
             L.llama_batch_free(self.batch)
             self.batch = None
+        if getattr(self, "mtp", None) is not None:
+            self.mtp.close()
+            self.mtp = None
         if getattr(self, "ctx", None):
             L.llama_free(self.ctx)
         self.ctx = None

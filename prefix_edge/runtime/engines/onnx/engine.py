@@ -134,6 +134,7 @@ class OnnxBackend(OneSequence):
         # "rows"; docs/bundle-format.md) verifies drafts; one of the last position only does not
         # ... and a rejected draft is cut back, which a recurrent state cannot be
         self.verifies = self.fused and logits.shape[1] != 1 and not self.state_names
+        self.drafts_mtp = False  # an MTP head runs on llama.cpp only (llama/mtp.py)
         self.batches_sequences = True  # forward runs its items one after another, each its own graph run
         self._kv_device = "cuda" if device == "cuda" else "cpu"  # presents stay where ORT made them
         self.seqs: dict[int, tuple[list, int]] = {}

@@ -1,0 +1,136 @@
+"""speculative="mtp": a GGUF model's own MTP head drafts (runtime/engines/llama/mtp.py), the model
+verifies in one forward (scheduler/drafting.py), on a tiny seeded Qwen3.5 that ships a head as
+its checkpoints do (tests/helpers/families.py build_qwen3_5_mtp), exported by the default path
+(llama.cpp's converter keeps the head as blk.4.nextn.*):
+- the head through llama.cpp equals transformers running the same layer over the same inputs
+  (the model's final-normed hidden states, teacher-forced), argmax for argmax where the
+  reference is not a near tie;
+- answers equal speculative="off" (the sequential reference), greedy, alone and two at a time:
+  with a head whose drafts the model keeps (fewer forwards than tokens) and with one whose drafts
+  it rejects (the hybrid's recurrent state cut back through llama.cpp's snapshots each time);
+- a runtime opened without mtp_head, or a model without a head, decodes "mtp" as "off" and says
+  why once."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from prefix_edge import Runtime
+
+from .helpers.families import build_qwen3_5_mtp
+
+pytest.importorskip("llama_cpp")
+
+TASKS = '''
+[task.raw]
+kind = "text"
+prefix = "The quick brown fox jumps over the lazy dog. "
+template = "{input} =>"
+max_tokens = 24
+'''
+INPUTS = ["It rained all day", "The fox", "Numbers: 1, 2, 3", "Once upon a time there was"]
+_BUILT: dict = {}
+
+
+def _bundle(tmp_path_factory, trunk_scale: float, fc_hidden: float = 0.0):
+    key = (trunk_scale, fc_hidden)
+    if key not in _BUILT:
+        from prefix_edge.export.build import export_bundle
+
+        root = tmp_path_factory.mktemp("qwen35-mtp")
+        build_qwen3_5_mtp(root / "model", trunk_scale, fc_hidden)
+        (root / "tasks.toml").write_text(TASKS, encoding="utf-8")
+        export_bundle(root / "model", root / "tasks.toml", root / "bundle", quantize="none",
+                      gguf_quant="f32", formats=["gguf"], progress=False)
+        _BUILT[key] = (root / "model", root / "bundle")
+    return _BUILT[key]
+
+
+def _answers(bundle, spec: str, mtp_head: bool, together: bool = False):
+    with Runtime.open(bundle, backend="gguf", slots=2, mtp_head=mtp_head) as rt:
+        run = lambda t: rt.generate("raw", t, temperature=0.0, max_tokens=24, speculative=spec)
+        if together:
+            with ThreadPoolExecutor(2) as pool:
+                return list(pool.map(run, INPUTS))
+        return [run(t) for t in INPUTS]
+
+
+@pytest.mark.integration
+def test_the_head_through_llama_cpp_is_transformers_on_the_same_inputs(tmp_path_factory):
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    model_dir, bundle = _bundle(tmp_path_factory, 1.0, fc_hidden=1.0)  # a head that reads the hidden state
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    sd = load_file(str(model_dir / "model.safetensors"))
+    with Runtime.open(bundle, backend="gguf", slots=1, mtp_head=True) as rt:
+        be = rt.backend
+        ids = be.tokenize("The quick brown fox jumps over the lazy dog. It rained all day =>").tolist()
+        # the head's draft of one token after ids[p], at every p, after the model read ids[:p]
+        drafts = []
+        for p in range(2, len(ids)):
+            be.seq_restore(0, None)
+            be.forward([(0, 0, np.array(ids[:p]))])
+            drafts.append(be.mtp_draft(0, ids[p], p, 1)[0])
+        be.seq_free(0)
+
+    # transformers: the head (layer 3's weights, mtp.fc over the normed embedding and the final-
+    # normed hidden state before) over entries 1.. of the sequence, causal, as llama.cpp fed it
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)
+
+    cap = {}
+    hook = model.model.norm.register_forward_hook(lambda m, i, o: cap.__setitem__("h", o))
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+        hook.remove()
+        h = cap["h"][0]
+        e = model.model.embed_tokens(torch.tensor([ids[1:]]))
+        x = torch.cat([rms(e, sd["mtp.pre_fc_norm_embedding.weight"]),
+                       rms(h[None, :-1], sd["mtp.pre_fc_norm_hidden.weight"])], -1) @ sd["mtp.fc.weight"].T
+        pos = torch.arange(1, len(ids))[None]
+        pe = model.model.rotary_emb(x, pos[None].expand(3, 1, -1))
+        mask = torch.full((len(ids) - 1,) * 2, float("-inf")).triu(1)[None, None]
+        y = model.model.layers[3](x, position_embeddings=pe, attention_mask=mask, position_ids=pos)
+        logits = model.lm_head(rms(y[0] if isinstance(y, tuple) else y, sd["mtp.norm.weight"]))[0]
+    ref = logits[1:].numpy()  # entry p (p >= 2): the head's logits for the token after ids[p]
+    top2 = np.sort(ref, -1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 0.05
+    assert clear.sum() >= len(ref) // 2
+    assert (np.array(drafts)[clear] == ref.argmax(-1)[clear]).all()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("trunk_scale, kept", [(0.0, True), (0.1, False)])
+def test_mtp_answers_as_off(tmp_path_factory, trunk_scale, kept):
+    _, bundle = _bundle(tmp_path_factory, trunk_scale)
+    off = _answers(bundle, "off", mtp_head=False)
+    alone = _answers(bundle, "mtp", mtp_head=True)
+    together = _answers(bundle, "mtp", mtp_head=True, together=True)
+    for o, a, t in zip(off, alone, together):
+        assert a.text == o.text and t.text == o.text
+        assert a.stats.generated_tokens == o.stats.generated_tokens
+    drafted = sum(a.stats.drafted_tokens for a in alone)
+    accepted = sum(a.stats.accepted_tokens for a in alone)
+    assert drafted > 0
+    if kept:  # the head computes the model's next step: its drafts are kept, forwards saved
+        assert accepted == drafted and accepted >= len(INPUTS) * 12
+    else:  # its drafts are rejected: the recurrent state is cut back every time
+        assert accepted < drafted / 4
+
+
+@pytest.mark.integration
+def test_mtp_without_a_loaded_head_decodes_as_off_and_says_why(tmp_path_factory, caplog):
+    _, bundle = _bundle(tmp_path_factory, 0.0)
+    off = _answers(bundle, "off", mtp_head=False)
+    with caplog.at_level(logging.WARNING, logger="prefix_edge"):
+        plain = _answers(bundle, "mtp", mtp_head=False)
+    assert [p.text for p in plain] == [o.text for o in off]
+    assert all(p.stats.drafted_tokens == 0 for p in plain)
+    said = [r.getMessage() for r in caplog.records if "speculative='mtp'" in r.getMessage()]
+    assert len(said) == 1 and "no MTP head, or the runtime was opened without mtp_head" in said[0]
