@@ -43,7 +43,7 @@ from ....llamacpp.seqstate_write import in_stream, out_of_stream, unfold_window
 
 
 WINDOW_CACHES = ("full", "window")  # EngineConfig.window_cache
-RS_SNAPSHOTS = 9  # a recurrent state's positions kept for cutting back (speculative="mtp"): drafts of up to 8
+RS_SNAPSHOTS = 4  # a recurrent state's positions kept for cutting back (speculative="mtp"): drafts of up to 3
 
 
 class LlamaBackend(OneSequence):
@@ -159,6 +159,7 @@ class LlamaBackend(OneSequence):
         # a stream per sequence grows (the context made again) up to max_ctx_seq cells
         self.max_ctx_seq = self.n_ctx_seq if kv_unified else max(self.n_ctx_seq, max_ctx_seq or 0)
         self._copied: dict[int, int] = {}  # dst -> src of seq_copy not yet carried out by a decode
+        self._spans: dict[int, tuple[int, int]] = {}  # seq -> the positions its last forward wrote
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.pos = 0
         self._checked: weakref.WeakSet[SeqBlob] = weakref.WeakSet()  # states walked for this model
@@ -278,6 +279,7 @@ class LlamaBackend(OneSequence):
         L = self._L
         self._live()
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        self._spans.pop(seq, None)
         if self.mtp is not None:
             self.mtp.reset(seq)
         if prefix is None:
@@ -321,6 +323,7 @@ class LlamaBackend(OneSequence):
         self._live()
         self._L.llama_memory_seq_rm(self.mem, dst, -1, -1)
         self._L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        self._spans.pop(dst, None)
         if self.mtp is not None:
             self.mtp.copied(src, dst)
         if self.n_stream > 1:
@@ -440,6 +443,7 @@ class LlamaBackend(OneSequence):
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:
             self._copied.pop(seq, None)
+            self._spans.pop(seq, None)
             self._L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             if self.mtp is not None:
                 self.mtp.reset(seq)
@@ -485,6 +489,8 @@ class LlamaBackend(OneSequence):
                 L.llama_memory_seq_rm(self.mem, seq, pos, -1)
             why = "the KV cache is full" if rc == 1 else f"code {rc}"
             raise PrefixEdgeError(f"llama_decode failed ({why})")
+        for seq, pos, ids, *_ in items:
+            self._spans[seq] = (pos, pos + np.size(ids))
         if self.mtp is not None:
             for (seq, pos, ids, *_), first in zip(items, firsts):
                 self.mtp.observe(seq, pos, np.asarray(ids).reshape(-1), first)
@@ -503,7 +509,13 @@ class LlamaBackend(OneSequence):
     def seq_truncate(self, seq: int, pos: int) -> None:
         """Drop `seq`'s cells at positions pos.. (a rejected draft's)."""
         self._live()
-        if not self.verifies or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
+        span = self._spans.get(seq)
+        # a recurrent state is put back from llama.cpp's snapshots of the last forward's
+        # positions only: cut further (to before that forward's first token) llama.cpp says
+        # yes and leaves the wrong state, so that is refused here
+        rollback = self.keeps_partial or (span is not None and span[0] < pos <= span[1]
+                                          and span[1] - pos < self._spec.n_rs_seq)
+        if not self.verifies or not rollback or not self._L.llama_memory_seq_rm(self.mem, seq, pos, -1):
             raise PrefixEdgeError(f"cannot cut sequence {seq} back to {pos} here")
         if self.mtp is not None:
             self.mtp.truncate(seq, pos)
