@@ -163,6 +163,11 @@ class FakeEngine(OneSequence):
     def verifies(self) -> bool:
         return self.keeps_partial
 
+    drafts_mtp = False  # no MTP head
+
+    def mtp_draft(self, seq: int, token: int, pos: int, k: int) -> list[int]:
+        return []
+
     def logits(self, state: list[int]) -> np.ndarray:
         seed = int.from_bytes(hashlib.blake2b(np.asarray(state, np.int64).tobytes(), digest_size=8).digest(),
                               "little")

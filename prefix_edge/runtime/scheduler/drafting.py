@@ -93,7 +93,7 @@ class Drafting:
         if spec not in ("lookup", "mtp") or not r.drafts or r.cancel_reason:
             return None
         if r.drafter is None:
-            if not self.backend.verifies or (spec == "mtp" and not getattr(self.backend, "drafts_mtp", False)):
+            if not self.backend.verifies or (spec == "mtp" and not self.backend.drafts_mtp):
                 self._say(spec)
                 r.drafts = False
                 return None
@@ -115,10 +115,9 @@ class Drafting:
         if not self.said:
             self.said = True
             be = self.backend
-            if spec == "mtp" and be.name != "gguf":
-                why = "an MTP head drafts on the gguf engine only"
-            elif spec == "mtp" and not getattr(be, "drafts_mtp", False):
-                why = "the model has no MTP head, or the runtime was opened without mtp_head"
+            if spec == "mtp" and not be.drafts_mtp:
+                why = ("the model has no MTP head, or the runtime was opened without mtp_head "
+                       "(an MTP head runs on the gguf engine)")
             elif not be.keeps_partial:
                 why = "its state cannot be cut back"
             else:

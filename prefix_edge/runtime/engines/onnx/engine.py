@@ -422,6 +422,9 @@ class OnnxBackend(OneSequence):
             out.append(logits if n_rows else logits[-1])
         return out
 
+    def mtp_draft(self, seq: int, token: int, pos: int, k: int) -> list[int]:
+        return []  # no MTP head in the graph (drafts_mtp)
+
     def seq_truncate(self, seq: int, pos: int) -> None:
         """Keep `seq`'s positions 0..pos-1: a fused buffer's length; other graphs' past arrays
         cut (copied out of ORT's)."""
