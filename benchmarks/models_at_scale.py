@@ -1,5 +1,6 @@
 """The runtime at the sizes people deploy: random-weight checkpoints with the published configs
-of Qwen3-0.6B, Llama-3.2-1B, LFM2-1.2B, Granite-4.0-H-1B and Qwen3.5-0.8B (hybrids) (speed and memory do not depend on the weights' values),
+of Qwen3-0.6B, Llama-3.2-1B, LFM2-1.2B, Granite-4.0-H-1B and Qwen3.5-0.8B (hybrids) and Gemma 4 E2B's
+text model (speed and memory do not depend on the weights' values),
 exported as a user would (ONNX int4 through the own graph, GGUF Q4_1 through llama.cpp's
 converter), then `prefix-edge bench` on each bundle (TTFT with a prefix baked vs prefilled at
 P = 1024 and 4096, decode tok/s, cold start, peak RSS, bytes per prefix token).
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # (tests.helpers: a SentencePiece tokenizer)
 
 CONFIGS = {
     "qwen3-0.6b": {  # Qwen/Qwen3-0.6B config.json
@@ -80,10 +83,30 @@ CONFIGS = {
                             "mrope_section": [11, 11, 10], "mrope_interleaved": True},
         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "vocab_size": 248320, "hidden_act": "silu",
         "attention_bias": False},
+    # google/gemma-4-E2B's text model (Gemma4ForConditionalGeneration's text_config, as its text path
+    # exports): 35 layers, a global one every 5th (7: heads of 512, proportional partial RoPE) beside
+    # sliding ones (window 512, heads of 256), 8 query heads and 1 KV head, the last 20 layers
+    # reading earlier layers' KV (their MLPs twice as wide), per-layer inputs of 256 (a
+    # [262,144, 35 x 256] table: most of its 5.1B parameters), final logit soft-capping
+    "gemma-4-e2b": {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 1536,
+        "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "head_dim": 256, "global_head_dim": 512, "sliding_window": 512,
+        "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(35)],
+        "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 256,
+        "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 1000000.0}},
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "vocab_size": 262144, "attention_bias": False},
 }
+# families whose converter reads a SentencePiece-style vocabulary (BPE with byte fallback): the
+# tokenizer grown from a small trained SentencePiece one (tests/helpers/families.py) instead
+SENTENCEPIECE = ("gemma-4-e2b",)
 # the export formats where not both (Qwen3.5: measured on llama.cpp; its ONNX graph prefills the
 # Gated DeltaNet token by token, a run of its own at this size)
-FORMATS: dict[str, str] = {"qwen3.5-0.8b": "gguf"}
+FORMATS: dict[str, str] = {"qwen3.5-0.8b": "gguf", "gemma-4-e2b": "gguf"}  # (Gemma 4: no own ONNX graph yet)
 TASKS = '''
 [task.support]
 system = """You answer questions about storage plans, billing, devices and sync. Be brief."""
@@ -94,26 +117,33 @@ max_tokens = 16
 CONTEXT = 8192
 
 
-def grow_tokenizer(src: Path, out: Path, vocab_size: int) -> None:
+def grow_tokenizer(src: Path, out: Path, vocab_size: int, byte_fallback: bool = False) -> None:
     """Copy the tokenizer files in `src` to `out`, its BPE vocabulary grown to `vocab_size`
-    tokens: token + byte for the tokens in id order, each with its merge, lowest rank last."""
+    tokens: token + byte for the tokens in id order (then the new ones'), each with its merge,
+    lowest rank last. byte_fallback: the source is SentencePiece-style (byte tokens <0xNN>) and
+    stays so."""
     for f in src.iterdir():
-        shutil.copy(f, out / f.name)
+        if f.is_file() and f.name != "tokenizer.model":  # (the grown tokenizer.json is the tokenizer)
+            shutil.copy(f, out / f.name)
     data = json.loads((src / "tokenizer.json").read_text())
     vocab, merges = data["model"]["vocab"], data["model"]["merges"]
     special = {t["content"] for t in data.get("added_tokens", [])}
     alphabet = [t for t in vocab if len(t) == 1 and t not in special]
     base = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in special]
-    for tok in base:
+    if byte_fallback:
+        alphabet = [t for t in alphabet if not t.startswith("<0x")]
+    for tok in base:  # (the list grows as it is read: a small vocabulary's new tokens grow too)
         for ch in alphabet:
             if len(vocab) >= vocab_size:
                 break
             if tok + ch not in vocab:
                 vocab[tok + ch] = len(vocab)
                 merges.append([tok, ch] if isinstance(merges[0], list) else f"{tok} {ch}")
+                if len(base) < vocab_size:
+                    base.append(tok + ch)
     # byte-level BPE: every byte is a token, nothing to fall back to (with byte_fallback set,
     # llama.cpp's converter writes a SentencePiece-style vocabulary whose tokenizer aborts)
-    data["model"]["byte_fallback"] = False
+    data["model"]["byte_fallback"] = byte_fallback
     if len(vocab) != vocab_size or sorted(vocab.values()) != list(range(vocab_size)):
         raise SystemExit(f"cannot grow the tokenizer to {vocab_size} tokens")
     (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
@@ -134,7 +164,16 @@ def build(name: str, out: Path, tokenizer_dir: Path) -> Path:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
     model.save_pretrained(str(out))
-    grow_tokenizer(tokenizer_dir, out, cfg["vocab_size"])
+    del model
+    if name in SENTENCEPIECE:
+        sp = out.parent / "sentencepiece"
+        if not (sp / "tokenizer.json").is_file():
+            from tests.helpers.families import train_sentencepiece
+
+            train_sentencepiece(sp).save_pretrained(str(sp))  # its tokenizer.json, the fast one's
+        grow_tokenizer(sp, out, cfg["vocab_size"], byte_fallback=True)
+    else:
+        grow_tokenizer(tokenizer_dir, out, cfg["vocab_size"])
     return out
 
 

@@ -176,3 +176,20 @@ def test_a_hybrid_is_cut_back_within_its_last_forward_only(tmp_path_factory):
             be.seq_truncate(0, n + 2)  # the whole last forward: its state before is not kept
         be.seq_free(0)
         be.seq_free(1)
+
+
+@pytest.mark.integration
+def test_the_head_keeps_drafting_across_a_grown_context(tmp_path_factory):
+    """A request longer than a slot's first stream grows the context (made again, states
+    written back): the head's own context stays, and the answer is still the one without it."""
+    _, bundle = _bundle(tmp_path_factory, 0.0)
+    text = " ".join(["the fox and the dog walk to the river"] * 150)
+    with Runtime.open(bundle, backend="gguf", slots=2) as rt:
+        off = rt.generate("raw", text, temperature=0.0, max_tokens=24)
+    with Runtime.open(bundle, backend="gguf", slots=2, mtp_head=True) as rt:
+        start = rt.backend.n_ctx_seq
+        mtp = rt.generate("raw", text, temperature=0.0, max_tokens=24, speculative="mtp")
+        grown = rt.backend.n_ctx_seq
+    assert mtp.stats.input_tokens > start and grown > start
+    assert mtp.text == off.text
+    assert mtp.stats.accepted_tokens == mtp.stats.drafted_tokens > 0

@@ -134,7 +134,19 @@ def test_export_records_fidelity_against_transformers(bundle_fp32, bundle_int4):
         assert r["probes"] >= 4
         assert r["max_abs_logit_diff_first_token"] < tol, r
         assert r["first_token_agrees"] == r["greedy_8_agrees"] == r["probes"], r
+        assert r["reference_dtype"] == "float32"
     m = Manifest.read(bundle_int4)
     assert set(m.extra["fidelity"]) == {"onnx", "gguf"}  # recorded; the tiny random model's
     # 4-bit fidelity says little (its logits are near flat): the real model's is held in
     # test_e2e_default.py
+
+
+def test_the_fidelity_reference_is_bf16_only_where_fp32_would_not_fit(tmp_path):
+    """A checkpoint whose fp32 copy would not fit in 80% of the memory available (Gemma 4 E2B:
+    20 GB) is referenced in bf16 rather than not exported; any other in fp32."""
+    from prefix_edge.export.fidelity import reference_dtype
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)  # 500 16-bit weights: 2,000 bytes in fp32
+    assert reference_dtype(tmp_path, available=2500) == "float32"
+    assert reference_dtype(tmp_path, available=2400) == "bfloat16"
+    assert reference_dtype(tmp_path) == "float32"  # this machine, a tiny checkpoint

@@ -279,14 +279,17 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             del backends["gguf"]
             shutil.rmtree(root / layout.model_dir("gguf"))
     tokenizer_check = check_bundle_tokenizer(model, root, backends, rt_tok, rendered, st)
-    from .fidelity import probe_ids, reference
+    from .fidelity import probe_ids, reference, reference_dtype
 
     text_ids = [list(v)[-256:] for k, v in ids.items() if len(v) and k not in adapters][:1]
-    probes, ref = [], None  # direct: the deployed model is the source itself
+    probes, ref, ref_dtype = [], None, None  # direct: the deployed model is the source itself
     if not direct:
         probes = probe_ids(rt_tok, text_ids)
-        with st.stage("fidelity reference (transformers fp32)"):
-            ref = reference(hf_dir, probes)
+        ref_dtype = reference_dtype(hf_dir)
+        if ref_dtype != "float32":
+            st.warn(f"fidelity: the model's fp32 copy would not fit in memory: the reference runs in {ref_dtype}")
+        with st.stage(f"fidelity reference (transformers {'fp32' if ref_dtype == 'float32' else ref_dtype})"):
+            ref = reference(hf_dir, probes, ref_dtype)
     shutil.rmtree(work)
     for name, b in backends.items():
         b.files = hash_files(root, [str(p.relative_to(root)) for p in sorted((root / layout.model_dir(name)).iterdir())])
@@ -341,7 +344,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             finally:
                 be.close()
         if result is not None:
-            manifest.extra.setdefault("fidelity", {})[name] = result
+            manifest.extra.setdefault("fidelity", {})[name] = {**result, "reference_dtype": ref_dtype}
             problem = verdict(name, result)
             if problem:
                 st.warn(problem)

@@ -23,12 +23,40 @@ def probe_ids(tokenizer, extra: list[list[int]] = ()) -> list[list[int]]:
     return [p for p in ids + list(extra) if p]
 
 
-def reference(hf_dir, probes: list[list[int]]) -> list[tuple[np.ndarray, list[int]]]:
-    """(first-position logits, greedy tokens) per probe, from transformers in fp32."""
+def reference_dtype(hf_dir, available: int | None = None) -> str:
+    """"float32", or "bfloat16" where the checkpoint's fp32 copy would not fit in 80% of the
+    memory available now (Gemma 4 E2B's 5.1B parameters are 20 GB in fp32): the export then
+    runs, with a reference of less precision (recorded in the manifest beside the figures)."""
+    from pathlib import Path
+
+    files = list(Path(hf_dir).glob("*.safetensors")) + list(Path(hf_dir).glob("*.bin"))
+    stored = sum(f.stat().st_size for f in files)
+    params = stored / 2 if stored else 0  # (checkpoints ship 16-bit weights: an upper bound for fp32 ones)
+    if available is None:
+        available = _available_memory()
+    if available is None or params * 4 <= 0.8 * available:
+        return "float32"
+    return "bfloat16"
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reference(hf_dir, probes: list[list[int]], dtype: str = "float32") -> list[tuple[np.ndarray, list[int]]]:
+    """(first-position logits, greedy tokens) per probe, from transformers in `dtype` (fp32
+    unless reference_dtype says it would not fit)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=getattr(torch, dtype))
     model.eval()
     for m in model.modules():  # a Mamba2 mixer's torch path pads every run to its chunk (256 in
         if hasattr(m, "chunk_size") and hasattr(m, "A_log"):  # real configs) and builds [c, c,

@@ -90,8 +90,12 @@ def grow(be, need: int) -> None:
     L.llama_free(be.ctx)
     be.ctx, be._copied = ctx, {}
     be.adopt_context()
-    for s, state in states.items():
-        be.seq_restore(s, state)
+    head, be.mtp = be.mtp, None  # an MTP head's context is not remade: what it has read stays
+    try:
+        for s, state in states.items():
+            be.seq_restore(s, state)
+    finally:
+        be.mtp = head
 
 
 def grown_cells(current: int, need: int, limit: int) -> int:
