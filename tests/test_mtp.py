@@ -180,16 +180,28 @@ def test_a_hybrid_is_cut_back_within_its_last_forward_only(tmp_path_factory):
 
 @pytest.mark.integration
 def test_the_head_keeps_drafting_across_a_grown_context(tmp_path_factory):
-    """A request longer than a slot's first stream grows the context (made again, states
-    written back): the head's own context stays, and the answer is still the one without it."""
+    """A sequence that outgrows its stream grows the context (made again, the states written
+    back): the head's own context and what it read stay, and its drafts are still the model's
+    greedy tokens (the agreeing head), as a model without a head decodes them."""
+    from prefix_edge.runtime.engines.llama.engine import LlamaBackend
+
     _, bundle = _bundle(tmp_path_factory, 0.0)
-    text = " ".join(["the fox and the dog walk to the river"] * 150)
-    with Runtime.open(bundle, backend="gguf", slots=2) as rt:
-        off = rt.generate("raw", text, temperature=0.0, max_tokens=24)
-    with Runtime.open(bundle, backend="gguf", slots=2, mtp_head=True) as rt:
-        start = rt.backend.n_ctx_seq
-        mtp = rt.generate("raw", text, temperature=0.0, max_tokens=24, speculative="mtp")
-        grown = rt.backend.n_ctx_seq
-    assert mtp.stats.input_tokens > start and grown > start
-    assert mtp.text == off.text
-    assert mtp.stats.accepted_tokens == mtp.stats.drafted_tokens > 0
+    gguf = bundle / "gguf" / "model.gguf"
+    kw = dict(threads=2, n_ctx=2 * 256, n_seq_max=2, max_ctx_seq=1024)
+    with LlamaBackend(gguf, **kw) as plain:
+        ids = plain.tokenize(" ".join(["the fox and the dog walk to the river"] * 40))[:300]
+        plain.seq_restore(0, None)
+        lg = plain.forward([(0, 0, ids)])[0]
+        greedy = []
+        for i in range(4):
+            greedy.append(int(lg.argmax()))
+            lg = plain.forward([(0, len(ids) + i, np.array(greedy[-1:]))])[0]
+    with LlamaBackend(gguf, mtp_head=True, **kw) as be:
+        be.seq_restore(0, None)
+        be.forward([(0, 0, ids[:200])])
+        assert be.n_ctx_seq == 256
+        be.mtp_draft(0, int(ids[200]), 200, 1)  # the head reads the first 200
+        lg = be.forward([(0, 200, ids[200:])])[0]  # past the stream's 256 cells: grown
+        assert be.n_ctx_seq > 256
+        assert int(lg.argmax()) == greedy[0]
+        assert be.mtp_draft(0, greedy[0], len(ids), 3) == greedy[1:4]
