@@ -214,18 +214,29 @@ class Drafter:
         answer repeats little of the prompt, then decodes nearly as "off" does)."""
         self.drafted += drafted
         self.accepted += accepted
-        if drafted:
-            self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        self.k = next_k(self.k, drafted, accepted)
         if self.looked:
             kept = max(0, accepted - self.forced)
             self.rate = 0.7 * self.rate + 0.3 * kept / max(1, drafted - self.forced)
             if kept == 0 or self.rate < self.row_cost:
-                # 1, 2, 4 ... PAUSE_MAX steps at the prior cost, longer where a probe costs more
-                scale = self.row_cost / ROW_PRIOR
-                self.pause = int(np.ceil(min(PAUSE_MAX, 1 << self.misses) * scale))
+                self.pause = backoff(self.misses, self.row_cost)
                 self.misses += 1
             else:
                 self.misses = 0
+
+
+def next_k(k: int, drafted: int, accepted: int) -> int:
+    """A draft's next length: one more after a whole draft kept (up to K_MAX), else what was
+    kept plus one."""
+    if not drafted:
+        return k
+    return min(K_MAX, k + 1) if accepted == drafted else max(1, accepted + 1)
+
+
+def backoff(misses: int, row_cost: float) -> int:
+    """Steps without drafting after `misses` earlier misses in a row: 1, 2, 4 ... PAUSE_MAX at
+    the prior cost, longer where a probe costs more."""
+    return int(np.ceil(min(PAUSE_MAX, 1 << misses) * row_cost / ROW_PRIOR))
 
 
 class HeadDrafter:
@@ -237,15 +248,14 @@ class HeadDrafter:
         self.k = 3  # llama.cpp's default draft length for an MTP head
         self.pause = self.misses = 0
         self.drafted = self.accepted = 0
-        self.forced = 0
         self.row_cost = ROW_PRIOR
-        self.looked = False
+        self.looked = False  # the last draft was the head's (not forced tokens)
 
     def propose(self, r, constraint, limit: int, row_cost: float = ROW_PRIOR) -> list[int]:
         """The constraint's forced tokens after r's next one, else up to min(k, limit) of the
         head's, cut where the constraint refuses one."""
         out: list[int] = constraint.forced(min(self.k, limit)) if constraint is not None else []
-        self.forced, self.looked = len(out), False
+        self.looked = False
         self.row_cost = max(ROW_FLOOR, row_cost)
         if not out:
             if self.pause:
@@ -263,12 +273,10 @@ class HeadDrafter:
         PAUSE_MAX steps times the row cost over ROW_PRIOR)."""
         self.drafted += drafted
         self.accepted += accepted
-        if drafted:
-            self.k = min(K_MAX, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        self.k = next_k(self.k, drafted, accepted)
         if self.looked:
             if accepted == 0:
-                scale = self.row_cost / ROW_PRIOR
-                self.pause = int(np.ceil(min(PAUSE_MAX, 1 << self.misses) * scale))
+                self.pause = backoff(self.misses, self.row_cost)
                 self.misses += 1
             else:
                 self.misses = 0

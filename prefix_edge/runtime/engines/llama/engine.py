@@ -421,24 +421,23 @@ class LlamaBackend(OneSequence):
         adaptive: with the threads the CPUs have free now, held against this process's other
         forwards (thread counts change no result: ggml splits a node's rows between threads,
         never a sum)."""
+        return self._leased(ctx, lambda: self._L.llama_decode(ctx, batch), most)
+
+    def process(self, ctx, batch_ext) -> int:
+        """llama_process (decode) of an extended batch on `ctx` (the MTP head's), as decode
+        runs: the same threads and priority."""
+        L = self._L
+        return self._leased(ctx, lambda: L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch_ext))
+
+    def _leased(self, ctx, run, most: int | None = None) -> int:
         L = self._L
         if self.background:
             lower_this_thread()
         if not self.adaptive:
-            return L.llama_decode(ctx, batch)
+            return run()
         with cpu_share().lease(most or self.threads) as n:
             L.llama_set_n_threads(ctx, n, n)  # a setter of the context's params: free
-            return L.llama_decode(ctx, batch)
-
-    def process(self, ctx, batch_ext) -> int:
-        """llama_process (decode) of an extended batch on `ctx` (the MTP head's), with the
-        threads decode would use."""
-        L = self._L
-        if not self.adaptive:
-            return L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch_ext)
-        with cpu_share().lease(self.threads) as n:
-            L.llama_set_n_threads(ctx, n, n)
-            return L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch_ext)
+            return run()
 
     def seq_free(self, seq: int) -> None:
         if self.ctx is not None:

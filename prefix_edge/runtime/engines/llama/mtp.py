@@ -84,7 +84,6 @@ class MtpHead:
         self.mem = L.llama_get_memory(self.ctx)
         self.n_embd = be.n_embd
         self.lanes: dict[int, _Lane] = {}
-        self.drafts = self.kept_rows = 0
 
     def observe(self, seq: int, pos: int, ids: np.ndarray, first_row: int) -> None:
         """The model forwarded `ids` at pos.. in batch rows first_row..: their hidden states."""
@@ -187,7 +186,6 @@ class MtpHead:
         finally:
             L.llama_batch_ext_free(b)
             L.llama_memory_seq_rm(self.mem, seq, pos + 1, -1)  # the drafts leave; pos's entry stays
-        self.drafts += 1
         return out
 
     def _process(self, b, seq: int, rows: list[tuple[int, np.ndarray, int]]) -> bool:
