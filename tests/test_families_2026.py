@@ -1,7 +1,7 @@
 """The end-of-2026 families at export (transformers 5), beyond what tests/test_hybrid_gguf.py and
 tests/test_families_onnx.py check per engine:
-- the default export (`--format onnx,gguf`) of a family llama.cpp runs and the own ONNX graph does
-  not build yet (Gemma 4) writes llama.cpp's bundle alone, saying so in one warning line;
+- the default export (`--format onnx,gguf`) of a model llama.cpp runs and the own ONNX graph
+  refuses (Gemma 4 with experts) writes llama.cpp's bundle alone, saying so in one warning line;
 - the default export of a family llama.cpp's converter lacks (LFM3, the OLMo hybrid) writes the
   own ONNX graph's bundle alone, saying so in one warning line; `--format gguf` is one error line;
 - `--onnx-builder optimum` where optimum-onnx cannot run beside transformers 5 is one line naming
@@ -21,17 +21,27 @@ from .helpers.families import build_family, family_tasks
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
 
-def test_default_export_of_a_family_the_graph_lacks_is_llama_cpps_bundle(tmp_path):
-    build_family("gemma4", tmp_path / "model")
+def test_default_export_of_a_model_the_graph_refuses_is_llama_cpps_bundle(tmp_path):
+    """Gemma 4 with mixture-of-experts layers (the 26B-A4B's shape): llama.cpp runs it, the own
+    graph refuses its experts before reading a weight; the default export writes llama.cpp's
+    bundle alone and says why in one warning line."""
+    build_family("gemma4", tmp_path / "model", enable_moe_block=True, num_experts=4, top_k_experts=2,
+                 moe_intermediate_size=32)
     (tmp_path / "tasks.toml").write_text(family_tasks(4), encoding="utf-8")
     got = cli("export", tmp_path / "model", "--tasks", tmp_path / "tasks.toml", "--out", tmp_path / "b",
               "--quantize", "none")
     assert got.returncode == 0, got.stderr.decode()[-2000:]
     err = " ".join(got.stderr.decode().split())  # (the console wraps long lines)
-    assert "onnx backend skipped: the own ONNX graph does not build Gemma4ForCausalLM yet" in err, err[-800:]
+    assert ("onnx backend skipped: the own ONNX builder has no Gemma 4's mixture-of-experts layers "
+            "(enable_moe_block, e.g. 26B-A4B); the bundle is llama.cpp's") in err, err[-800:]
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert sorted(manifest["backends"]) == ["gguf"] and not (tmp_path / "b" / "onnx").exists()
     assert manifest["model"]["architecture"] == "Gemma4ForCausalLM"
+    # and asked for explicitly, the own graph's refusal is one error line
+    got = cli("export", tmp_path / "model", "--tasks", tmp_path / "tasks.toml", "--out", tmp_path / "o",
+              "--format", "onnx", "--quantize", "none")
+    errors = [line for line in got.stderr.decode().splitlines() if line.startswith("error:")]
+    assert got.returncode == 1 and len(errors) == 1 and "mixture-of-experts" in errors[0], errors
 
 
 @pytest.mark.parametrize("kind, arch", [("lfm3", "Lfm3ForCausalLM"), ("olmo_hybrid", "OlmoHybridForCausalLM")])
@@ -100,7 +110,7 @@ def test_a_multimodal_checkpoint_exports_its_text_path(kind, multimodal, tmp_pat
         export_bundle(src, tmp_path / "tasks.toml", tmp_path / f"b-{src.name}", quantize="none", gguf_quant="f32",
                       progress=False)
     manifest = json.loads((tmp_path / "b-multimodal" / "manifest.json").read_text())
-    backends = ["gguf"] if kind == "gemma4" else ["gguf", "onnx"]  # (no own ONNX graph of Gemma 4 yet)
+    backends = ["gguf", "onnx"]
     assert manifest["model"]["architecture"] == f"{multimodal}ForCausalLM" and sorted(manifest["backends"]) == backends
     for backend in backends:
         with Runtime.open(tmp_path / "b-text", backend=backend) as a, \

@@ -51,6 +51,13 @@ CASES = {
     "qwen3_5": ("qwen3_5", {}),
     "olmo_hybrid": ("olmo_hybrid", {}),  # (its released checkpoints: no rotary; this one has it)
     "lfm3": ("lfm3", {}),
+    # Gemma 4 (E2B's text shape): sliding heads of 16, global ones of 512, per-layer inputs, the
+    # last two layers reading earlier layers' KV; and the larger models' global layers: K = V,
+    # their own KV-head count and head size, double-wide MLPs on the shared layers, layer scalars
+    "gemma4": ("gemma4", {}),
+    "gemma4-k-eq-v": ("gemma4", dict(attention_k_eq_v=True, num_global_key_value_heads=1, global_head_dim=32,
+                                     use_double_wide_mlp=True, final_logit_softcapping=30.0,
+                                     random_layer_scalars=True)),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),

@@ -32,8 +32,10 @@ from ..bundle.prefixfile import PREFIX_FORMAT_VERSION  # noqa: E402
 def check_geometry(be, manifest: Manifest) -> None:
     m = manifest.model
     layers = be.model_layers  # a hybrid's recurrent layers too
-    head_dims = {be.head_dim, getattr(be, "head_dim_swa", be.head_dim)}  # (Gemma 4: global and sliding heads)
-    if (layers, be.n_kv_heads) != (m.n_layers, m.n_kv_heads) or m.head_dim not in head_dims:
+    # (Gemma 4: global and sliding layers' heads of their own size and count)
+    shapes = set(getattr(be, "kv_shapes", ())) | {(be.n_kv_heads, be.head_dim),
+                                                  (be.n_kv_heads, getattr(be, "head_dim_swa", be.head_dim))}
+    if layers != m.n_layers or m.n_kv_heads not in {h for h, _ in shapes} or m.head_dim not in {d for _, d in shapes}:
         raise PrefixEdgeError(
             f"the {be.name} model has {layers} layers × {be.n_kv_heads} KV heads × {be.head_dim}, "
             f"the model config says {m.n_layers} × {m.n_kv_heads} × {m.head_dim}")

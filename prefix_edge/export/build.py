@@ -250,13 +250,20 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
     fusions: dict = {}
     if "onnx" in formats and "gguf" in formats and optional_gguf and onnx_builder == "own" and not direct:
         from .llama_convert import converter_knows
+        from .onnx_graph import checked_config
         from .onnx_source import ARCHITECTURES
 
         arch = info.architecture
-        if arch not in ARCHITECTURES and converter_knows(arch):  # the default formats: llama.cpp's alone
-            st.warn(f"onnx backend skipped: the own ONNX graph does not build {arch} yet; the bundle "
-                    "is llama.cpp's (--format gguf)")
-            formats = [f for f in formats if f != "onnx"]
+        if converter_knows(arch):  # the default formats: what the own graph cannot build is llama.cpp's alone
+            why = None if arch in ARCHITECTURES else f"the own ONNX graph does not build {arch} yet"
+            if why is None:
+                try:
+                    checked_config(hf_dir)
+                except PrefixEdgeError as e:  # a setting it refuses (e.g. Gemma 4's experts)
+                    why = str(e).split("; export with")[0]
+            if why:
+                st.warn(f"onnx backend skipped: {why}; the bundle is llama.cpp's (--format gguf)")
+                formats = [f for f in formats if f != "onnx"]
     if "onnx" in formats:
         backends["onnx"] = _onnx_model(hf_dir, root / layout.MODEL_FILE["onnx"], quantize, work, st,
                                        fusions, onnx_builder)

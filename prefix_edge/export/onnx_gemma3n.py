@@ -67,6 +67,85 @@ def kv_sources(layer_types: list[str], n_shared: int) -> list[int]:
     return out
 
 
+def shared_attention(b, q: str, src: int, window: int, rope: list[str], p: str, n_heads: int, n_kv: int,
+                     head_dim: int) -> str:
+    """Attention of the new tokens' queries over layer `src`'s cache as that layer's GQA left
+    it (present.{src}: keys rotated, every position up to the buffer's end, those past each
+    row's length stale): q rotated here, K/V heads repeated for the query heads, a mask of
+    each query's causal (and sliding) window by position, scale 1. Gemma 3n's and Gemma 4's
+    KV-shared layers (`b` the graph builder: node, init, positions)."""
+    node, init, f32 = b.node, b.init, np.float32
+    n = f"/{p}/attn/shared"
+
+    def axes(name: str, v: list[int]) -> str:
+        return init(name, np.array(v, np.int64))
+
+    pos = b.positions()  # [b, s] each query's position
+    qr = node("RotaryEmbedding", [q, pos, *rope], [n + "/q_rope"], n + "/Rope", domain="com.microsoft",
+              interleaved=0, num_heads=n_heads)
+    qh = node("Transpose", [node("Reshape", [qr, axes(n + "/q_shape", [0, 0, n_heads, head_dim])], [n + "/q4"],
+                                 n + "/QReshape")], [n + "/q"], n + "/QTranspose", perm=[0, 2, 1, 3])
+    group = n_heads // n_kv
+
+    def heads(t: str, name: str) -> str:  # [b, kv, L, d] -> [b, heads, L, d]
+        if group == 1:
+            return t
+        x = node("Unsqueeze", [t, axes(f"{n}/{name}_axis2", [2])], [f"{n}/{name}5"], f"{n}/{name}Unsqueeze")
+        shape = node("Concat", [node("Shape", [t], [f"{n}/{name}_shape"], f"{n}/{name}Shape", start=0, end=2),
+                                init(f"{n}/{name}_group", np.array([group], np.int64)),
+                                node("Shape", [t], [f"{n}/{name}_tail"], f"{n}/{name}Tail", start=2)],
+                     [f"{n}/{name}_expand"], f"{n}/{name}ExpandShape", axis=0)
+        x = node("Expand", [x, shape], [f"{n}/{name}_rep"], f"{n}/{name}Expand")
+        return node("Reshape", [x, axes(f"{n}/{name}_heads", [0, n_heads, -1, head_dim])], [f"{n}/{name}"],
+                    f"{n}/{name}Reshape")
+
+    k = heads(f"present.{src}.key", "k")
+    v = heads(f"present.{src}.value", "v")
+    scores = node("MatMul", [qh, node("Transpose", [k], [n + "/kT"], n + "/KTranspose", perm=[0, 1, 3, 2])],
+                  [n + "/scores"], n + "/Scores")  # [b, h, s, L]
+    # key j is seen by query position t when j <= t (and t - window < j): [b, 1, s, L]
+    length = node("Gather", [node("Shape", [f"present.{src}.key"], [n + "/kv_shape"], n + "/KvShape"),
+                             init(n + "/len_axis", np.array(2, np.int64))], [n + "/len"], n + "/Len")
+    j = node("Range", [init(n + "/zero", np.array(0, np.int64)), length, init(n + "/one", np.array(1, np.int64))],
+             [n + "/j"], n + "/Range")
+    t = node("Unsqueeze", [pos, axes(n + "/t_axes", [1, 3])], [n + "/t"], n + "/TUnsqueeze")
+    seen = node("LessOrEqual", [j, t], [n + "/causal"], n + "/Causal")
+    if window >= 0:
+        near = node("Greater", [j, node("Sub", [t, init(n + "/window", np.array(window, np.int64))], [n + "/t_w"],
+                                        n + "/TWindow")], [n + "/near"], n + "/Near")
+        seen = node("And", [seen, near], [n + "/seen"], n + "/Seen")
+    mask = node("Where", [seen, init(n + "/keep", np.array(0.0, f32)), init(n + "/drop", np.array(-np.inf, f32))],
+                [n + "/mask"], n + "/Mask")
+    probs = node("Softmax", [node("Add", [scores, mask], [n + "/masked"], n + "/AddMask")], [n + "/probs"],
+                 n + "/Softmax", axis=-1)
+    o = node("MatMul", [probs, v], [n + "/o"], n + "/Out")  # [b, h, s, d]
+    o = node("Transpose", [o], [n + "/o_t"], n + "/OTranspose", perm=[0, 2, 1, 3])
+    return node("Reshape", [o, axes(n + "/o_shape", [0, 0, n_heads * head_dim])], [n + "/out"], n + "/OReshape")
+
+
+def per_layer_inputs(b, x0: str, n_layers: int, ple: int, hidden: int) -> str:
+    """The per-layer inputs [b, s, layers, P] of Gemma 3n and Gemma 4 from the token ids and the
+    scaled embeddings `x0`: a second table's rows times sqrt(P) (ids past it read row 0, as the
+    multimodal classes mask them), plus the embeddings' projection times hidden^-1/2, RMS-normed
+    per layer; the sum times 1/sqrt(2)."""
+    w, init, node, linear, norm = b.w, b.init, b.node, b.linear, b.norm
+
+    def scaled(x: str, v: float, name: str) -> str:
+        return node("Mul", [x, init(name + "/c", np.array(v, np.float32))], [name + "/out"], name)
+
+    table = w.pop("model.embed_tokens_per_layer.weight")
+    ids = node("Where", [node("Less", ["input_ids", init("/ple/rows", np.array(table.shape[0], np.int64))],
+                              ["/ple/in_table"], "/ple/Less"), "input_ids", init("/ple/zero", np.array(0, np.int64))],
+               ["/ple/ids"], "/ple/Where")
+    per = node("Gather", [init("model.embed_tokens_per_layer.weight", table), ids], ["/ple/rows_out"], "/ple/Gather")
+    shape4 = init("/ple/shape", np.array([0, 0, n_layers, ple], np.int64))
+    per = node("Reshape", [scaled(per, ple ** 0.5, "/ple/scaled"), shape4], ["/ple/per"], "/ple/Reshape")
+    proj = linear(x0, ["model.per_layer_model_projection"], "/ple/projection")
+    proj = node("Reshape", [scaled(proj, hidden ** -0.5, "/ple/proj_scaled"), shape4], ["/ple/proj4"], "/ple/ReshapeProj")
+    proj = norm(proj, "model.per_layer_projection_norm.weight", "/ple/norm")
+    return scaled(node("Add", [proj, per], ["/ple/sum"], "/ple/Add"), 2 ** -0.5, "/ple/inputs")
+
+
 def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list[int], local: list[bool]) -> str:
     """Nodes from input_ids to the final norm's output, whose name it returns; `b` the builder
     (w, init, node, linear, norm, head_norm, eps), `tc` the text config (gemma3n_config)."""
@@ -128,54 +207,6 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
         act = node("FastGelu", [gate], [f"/{p}/mlp/gelu"], f"/{p}/mlp/FastGelu", domain="com.microsoft")
         return linear(node("Mul", [act, up], [f"/{p}/mlp/gated"], f"/{p}/mlp/Mul"), [f"{p}.mlp.down_proj"], f"/{p}/mlp/down_proj")
 
-    def shared_attention(q: str, src: int, window: int, rope: list[str], p: str) -> str:
-        """Attention of the new tokens' queries over layer `src`'s cache as that layer's GQA left
-        it (present.{src}: keys rotated, every position up to the buffer's end, those past each
-        row's length stale): q rotated here, K/V heads repeated for the query heads, a mask of
-        each query's causal (and sliding) window by position, scale 1."""
-        n = f"/{p}/attn/shared"
-        pos = b.positions()  # [b, s] each query's position
-        qr = node("RotaryEmbedding", [q, pos, *rope], [n + "/q_rope"], n + "/Rope", domain="com.microsoft",
-                  interleaved=0, num_heads=n_heads)
-        qh = node("Transpose", [node("Reshape", [qr, axes(n + "/q_shape", [0, 0, n_heads, head_dim])], [n + "/q4"],
-                                     n + "/QReshape")], [n + "/q"], n + "/QTranspose", perm=[0, 2, 1, 3])
-        group = n_heads // n_kv
-
-        def heads(t: str, name: str) -> str:  # [b, kv, L, d] -> [b, heads, L, d]
-            if group == 1:
-                return t
-            x = node("Unsqueeze", [t, "/g3n/axis2"], [f"{n}/{name}5"], f"{n}/{name}Unsqueeze")
-            shape = node("Concat", [node("Shape", [t], [f"{n}/{name}_shape"], f"{n}/{name}Shape", start=0, end=2),
-                                    init(f"{n}/{name}_group", np.array([group], np.int64)),
-                                    node("Shape", [t], [f"{n}/{name}_tail"], f"{n}/{name}Tail", start=2)],
-                         [f"{n}/{name}_expand"], f"{n}/{name}ExpandShape", axis=0)
-            x = node("Expand", [x, shape], [f"{n}/{name}_rep"], f"{n}/{name}Expand")
-            return node("Reshape", [x, axes(f"{n}/{name}_heads", [0, n_heads, -1, head_dim])], [f"{n}/{name}"],
-                        f"{n}/{name}Reshape")
-
-        k = heads(f"present.{src}.key", "k")
-        v = heads(f"present.{src}.value", "v")
-        scores = node("MatMul", [qh, node("Transpose", [k], [n + "/kT"], n + "/KTranspose", perm=[0, 1, 3, 2])],
-                      [n + "/scores"], n + "/Scores")  # [b, h, s, L]
-        # key j is seen by query position t when j <= t (and t - window < j): [b, 1, s, L]
-        length = node("Gather", [node("Shape", [f"present.{src}.key"], [n + "/kv_shape"], n + "/KvShape"),
-                                 init(n + "/len_axis", np.array(2, np.int64))], [n + "/len"], n + "/Len")
-        j = node("Range", [init(n + "/zero", np.array(0, np.int64)), length, init(n + "/one", np.array(1, np.int64))],
-                 [n + "/j"], n + "/Range")
-        t = node("Unsqueeze", [pos, axes(n + "/t_axes", [1, 3])], [n + "/t"], n + "/TUnsqueeze")
-        seen = node("LessOrEqual", [j, t], [n + "/causal"], n + "/Causal")
-        if window >= 0:
-            near = node("Greater", [j, node("Sub", [t, init(n + "/window", np.array(window, np.int64))], [n + "/t_w"],
-                                            n + "/TWindow")], [n + "/near"], n + "/Near")
-            seen = node("And", [seen, near], [n + "/seen"], n + "/Seen")
-        mask = node("Where", [seen, init(n + "/keep", np.array(0.0, f32)), init(n + "/drop", np.array(-np.inf, f32))],
-                    [n + "/mask"], n + "/Mask")
-        probs = node("Softmax", [node("Add", [scores, mask], [n + "/masked"], n + "/AddMask")], [n + "/probs"],
-                     n + "/Softmax", axis=-1)
-        o = node("MatMul", [probs, v], [n + "/o"], n + "/Out")  # [b, h, s, d]
-        o = node("Transpose", [o], [n + "/o_t"], n + "/OTranspose", perm=[0, 2, 1, 3])
-        return node("Reshape", [o, axes(n + "/o_shape", [0, 0, n_heads * head_dim])], [n + "/out"], n + "/OReshape")
-
     init("/g3n/last_axis", np.array([-1], np.int64))
     unsq2 = init("/g3n/axis2", np.array([2], np.int64))
     init("/g3n/eps", np.array(1e-5, f32))
@@ -183,18 +214,7 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
     x0 = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
               ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
     x0 = mul(x0, const("embed_scale", hidden ** 0.5), "/model/embed_tokens/scaled")
-    table = w.pop("model.embed_tokens_per_layer.weight")
-    ids = node("Where", [node("Less", ["input_ids", init("/ple/rows", np.array(table.shape[0], np.int64))],
-                              ["/ple/in_table"], "/ple/Less"), "input_ids", init("/ple/zero", np.array(0, np.int64))],
-               ["/ple/ids"], "/ple/Where")
-    per = node("Gather", [init("model.embed_tokens_per_layer.weight", table), ids], ["/ple/rows_out"], "/ple/Gather")
-    shape4 = axes("/ple/shape", [0, 0, n_layers, ple])
-    per = node("Reshape", [mul(per, const("/ple/scale", ple ** 0.5), "/ple/scaled"), shape4], ["/ple/per"], "/ple/Reshape")
-    proj = linear(x0, ["model.per_layer_model_projection"], "/ple/projection")
-    proj = node("Reshape", [mul(proj, const("/ple/proj_scale", hidden ** -0.5), "/ple/proj_scaled"), shape4],
-                ["/ple/proj4"], "/ple/ReshapeProj")
-    proj = norm(proj, "model.per_layer_projection_norm.weight", "/ple/norm")
-    per_layer = mul(node("Add", [proj, per], ["/ple/sum"], "/ple/Add"), const("/ple/half", 2 ** -0.5), "/ple/inputs")
+    per_layer = per_layer_inputs(b, x0, n_layers, ple, hidden)
     # AltUp's streams [b, s, 4, h]: the embeddings, then their projections at the embeddings' RMS
     target = mag(x0, "/altup/target")
     rest = linear(x0, [f"model.altup_projections.{k}" for k in range(n_alt - 1)], "/altup/projections")
@@ -238,7 +258,7 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
         else:  # KV-shared: attends to its source's cache, no KV of its own (unused weights dropped)
             for t in ("k_proj", "v_proj", "k_norm"):
                 w.pop(f"{p}.self_attn.{t}.weight", None)
-            a = shared_attention(q, sources[i], windows[i], rope, p)
+            a = shared_attention(b, q, sources[i], windows[i], rope, p, n_heads, n_kv, head_dim)
         attn = norm(linear(a, [f"{p}.self_attn.o_proj"], f"/{p}/attn/o_proj"), f"{p}.post_attention_layernorm.weight",
                     f"/{p}/post_attn_norm")
         gated = node("Add", [active, attn], [f"/{p}/attn_gated"], f"/{p}/AddAttn")

@@ -74,6 +74,7 @@ import numpy as np
 
 from .onnx_deltanet import OLMO_HYBRID, QWEN3_5, gated_deltanet, olmo_hybrid_layers, qwen3_5_layers, state_shapes
 from .onnx_gemma3n import GEMMA3N, gemma3n_config, gemma3n_decoder, kv_sources
+from .onnx_gemma4 import GEMMA4, gemma4_config, gemma4_decoder, layer_dims
 from .onnx_hybrid import (FALCON_H1, GRANITE_H, LFM2, LFM3, NEMOTRON_H, SSM_IN, SSM_OUT, STATE_IN, STATE_OUT,
                           falcon_h1_weights, granite_h_layers, lfm2_layers, lfm2_weights, mamba2,
                           nemotron_h_layers, short_conv)
@@ -87,16 +88,26 @@ LOGITS_TAIL = 9  # logits of the last this many positions (a run of fewer: all o
 MODEL_LAYERS = "prefix_edge.model_layers"  # metadata: the model's layers (KV-shared and recurrent ones too)
 
 
+def checked_config(hf_dir: Path) -> tuple[dict, object, object, object]:
+    """The checkpoint's config, and Gemma 3's, 3n's or 4's text config as transformers reads it,
+    each refused (PrefixEdgeError, one line) where the graph cannot build it: before any weight
+    is read."""
+    cfg = _config(hf_dir)
+    arch = cfg["architectures"][0]
+    gc = _gemma3(hf_dir, cfg) if arch == "Gemma3ForCausalLM" else None
+    g3n = gemma3n_config(hf_dir, _refuse) if arch == GEMMA3N else None
+    g4 = gemma4_config(hf_dir, _refuse) if arch == GEMMA4 else None
+    return cfg, gc, g3n, g4
+
+
 def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     """Write model.onnx (fp32, weights inside or beside it over 2 GB) into `out_dir`."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     hf_dir = Path(hf_dir)
-    cfg = _config(hf_dir)
+    cfg, gc, g3n, g4 = checked_config(hf_dir)  # refused before any weight
     arch = cfg["architectures"][0]
-    gc = _gemma3(hf_dir, cfg) if arch == "Gemma3ForCausalLM" else None  # refused before any weight
-    g3n = gemma3n_config(hf_dir, _refuse) if arch == GEMMA3N else None
     w = _weights(hf_dir)
     hidden = int(cfg["hidden_size"])
     n_layers = int(cfg.get("num_hidden_layers") or len(cfg.get("layers_block_type") or ()))
@@ -172,10 +183,15 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         for k in w:  # Gemma3RMSNorm scales by (1 + w)
             if k.endswith("norm.weight"):
                 w[k] = w[k] + np.float32(1.0)
-    if g3n is not None:  # (its norms scale by w itself: nothing to fold)
-        head_dim = int(g3n.head_dim)
-        local = [t == "sliding_attention" for t in g3n.layer_types]
-        windows = [int(g3n.sliding_window) if s else -1 for s in local]
+    kv_dims = [(n_kv, head_dim)] * n_layers  # each layer's KV heads and head size (Gemma 4's differ)
+    rope_head = head_dim  # the head size the (global) RoPE cache rotates
+    shared_kv = g3n or g4  # Gemma 3n / 4: layer types, KV-shared layers (their norms scale by w: nothing to fold)
+    if shared_kv is not None:
+        head_dim = int(cfg.get("head_dim") or head_dim) if g4 is not None else int(g3n.head_dim)
+        local = [t == "sliding_attention" for t in shared_kv.layer_types]
+        windows = [int(shared_kv.sliding_window) if s else -1 for s in local]
+        kv_dims = layer_dims(g4) if g4 is not None else [(n_kv, head_dim)] * n_layers
+        rope_head = max(d for (_, d), s in zip(kv_dims, local) if not s) if not all(local) else head_dim
     if arch == "Exaone4ForCausalLM":  # sliding layers: RoPE and the window; global: NoPE if windowed
         from transformers import AutoConfig
 
@@ -319,15 +335,16 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     has_kv = [not mamba[i] and not conv[i] and not delta[i] or arch == FALCON_H1 for i in range(n_layers)]  # past/present in and out
     if blocks is not None:
         has_kv = [b == "attention" for b in blocks]
-    if g3n is not None:  # KV-shared layers read their source layer's present: none of their own
-        has_kv = [kv_sources(list(g3n.layer_types), int(g3n.num_kv_shared_layers or 0))[i] == i for i in range(n_layers)]
+    if shared_kv is not None:  # KV-shared layers read their source layer's present: none of their own
+        sources = kv_sources(list(shared_kv.layer_types), int(shared_kv.num_kv_shared_layers or 0))
+        has_kv = [sources[i] == i for i in range(n_layers)]
     builder = SimpleNamespace(w=w, init=init, node=node, linear=linear, norm=norm, head_norm=head_norm, eps=eps,
                               positions=positions)
 
     if any(rope_on) or qk_norm == "after_rope":  # (a model without RoPE layers has no caches)
         cos, sin = rope_cache(hf_dir, n_pos)
-        if cos.shape[1] % 8 or cos.shape[1] > head_dim // 2:
-            raise _refuse(f"rotary of {2 * cos.shape[1]} of {head_dim} head dims (ONNX Runtime's "
+        if cos.shape[1] % 8 or cos.shape[1] > rope_head // 2:
+            raise _refuse(f"rotary of {2 * cos.shape[1]} of {rope_head} head dims (ONNX Runtime's "
                           "GroupQueryAttention needs rotary_dim / 2 a multiple of 8)")
         init("cos_cache", cos)
         init("sin_cache", sin)
@@ -338,6 +355,9 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         node("Identity", [gemma3n_decoder(builder, g3n, n_heads, n_kv, head_dim, windows, local)], [HIDDEN_STATES],
              "/model/hidden_states")
         hn = HIDDEN_STATES
+    elif g4 is not None:  # its own decoder: per-layer head sizes, inputs and scalars (onnx_gemma4.py)
+        hn = node("Identity", [gemma4_decoder(builder, g4, n_heads, windows, local)], [HIDDEN_STATES],
+                  "/model/hidden_states")
     else:
         x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
                  ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
@@ -417,7 +437,7 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     head = w["model.embed_tokens.weight"] if head is None else head  # tied embeddings
     if granite and float(cfg.get("logits_scaling", 1.0)) != 1.0:
         head = head / np.float32(cfg["logits_scaling"])
-    cap = getattr(g3n, "final_logit_softcapping", None)
+    cap = getattr(shared_kv, "final_logit_softcapping", None)
     logits = node("MatMul", [last, init("lm_head.weight_T", head.T)], ["logits" if not cap else "/lm_head/out"],
                   "/lm_head/MatMul")
     if cap:  # tanh(logits / cap) * cap
@@ -426,12 +446,12 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         node("Mul", [capped, init("/softcap/cap", np.array(cap, np.float32))], ["logits"], "/softcap/Mul")
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
-    kv_shape = ["batch", n_kv, "past_len", head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", i64, ["batch", "seq"])]
     for i in range(n_layers):
         inputs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for name, _, shape in states.get(i, [])]
         if has_kv[i]:
-            inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32, kv_shape)
+            inputs += [helper.make_tensor_value_info(f"past_key_values.{i}.{t}", f32,
+                                                     ["batch", kv_dims[i][0], "past_len", kv_dims[i][1]])
                        for t in ("key", "value")]
     inputs += [helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
                helper.make_tensor_value_info("total_sequence_length", i32, [])]
@@ -440,7 +460,8 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
     for i in range(n_layers):
         outs += [helper.make_tensor_value_info(name, f32, ["batch", *shape]) for _, name, shape in states.get(i, [])]
         if has_kv[i]:
-            outs += [helper.make_tensor_value_info(f"present.{i}.{t}", f32, ["batch", n_kv, "total_len", head_dim])
+            outs += [helper.make_tensor_value_info(f"present.{i}.{t}", f32,
+                                                   ["batch", kv_dims[i][0], "total_len", kv_dims[i][1]])
                      for t in ("key", "value")]
     graph = helper.make_graph(nodes, "prefix-edge-decoder", inputs, outs, [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import PrefixEdgeError
 from .onnx_gemma3n import GEMMA3N
+from .onnx_gemma4 import GEMMA4
 from .onnx_deltanet import OLMO_HYBRID, QWEN3_5
 from .onnx_hybrid import FALCON_H1, GRANITE_H, LFM2, LFM3, NEMOTRON_H
 from .source import rope_parameters
@@ -19,7 +20,7 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "
                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma3ForCausalLM",
                  "Olmo2ForCausalLM", "Exaone4ForCausalLM", "HunYuanDenseV1ForCausalLM", "Ernie4_5ForCausalLM",
                  LFM2, GRANITE_H, FALCON_H1, GEMMA3N, "Olmo3ForCausalLM", "Ministral3ForCausalLM", NEMOTRON_H,
-                 QWEN3_5, OLMO_HYBRID, LFM3)
+                 QWEN3_5, OLMO_HYBRID, LFM3, GEMMA4)
 POST_NORMS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM")  # no pre-norms: a norm after each sublayer
 HUNYUAN = "HunYuanDenseV1ForCausalLM"
 GEMMA3_LAYERS = ("sliding_attention", "full_attention")
@@ -46,7 +47,7 @@ def read_config(hf_dir: Path) -> dict:
     if kind not in ROPE_TYPES:
         raise refuse(f"{kind!r} RoPE scaling (it depends on the sequence length)" if kind in
                       ("dynamic", "longrope") else f"{kind!r} RoPE scaling")
-    gemma = arch in ("Gemma3ForCausalLM", GEMMA3N)  # its MLP reads hidden_activation, GELU-tanh
+    gemma = arch in ("Gemma3ForCausalLM", GEMMA3N, GEMMA4)  # its MLP reads hidden_activation, GELU-tanh
     act = cfg.get("hidden_activation", "gelu_pytorch_tanh") if gemma else \
         cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
     if act != ("gelu_pytorch_tanh" if gemma else "silu"):
@@ -111,7 +112,11 @@ def rope_cache(hf_dir: Path, n_pos: int, local: bool = False) -> tuple[np.ndarra
     p = rope_parameters({"rope_parameters": config.rope_parameters,
                          "partial_rotary_factor": getattr(config, "partial_rotary_factor", None)}, layer_type)
     kind = p["rope_type"]
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    try:  # a config whose layer types differ in head size (Gemma 4's): this type's
+        dims = config.per_layer_config[layer_type]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        dims = config
+    dim = getattr(dims, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if kind == "default" or (kind == "dynamic" and p.get("alpha")):
         base = float(p["rope_theta"])
         if kind == "dynamic":  # Hunyuan's NTK alpha, as HunYuanDenseV1RotaryEmbedding: the base scaled

@@ -165,7 +165,14 @@ def build_family(kind: str, out: Path, sentencepiece: bool = False, **overrides)
         extras = {**extras, "vocab_size_per_layer_input": len(tokenizer)}
     # llama.cpp's Mamba2 converter pads the vocabulary to a multiple of 8 (as real checkpoints' is)
     vocab = -(-len(tokenizer) // 8) * 8 if kind in ("granitehybrid", "nemotronh") else len(tokenizer)
+    scalars = overrides.pop("random_layer_scalars", False)
     model = seeded_model(getattr(transformers, cls_name), tokenizer, vocab, {**extras, **overrides})
+    if scalars:  # Gemma 4's per-layer output scalars (a buffer, 1.0 unless the checkpoint says)
+        import torch
+
+        with torch.no_grad():
+            for i, layer in enumerate(model.model.layers):
+                layer.layer_scalar.fill_(0.5 + 0.25 * (i % 3))
     model.save_pretrained(out)
     if not sentencepiece or kind == "gemma4":  # (a SentencePiece one is saved as it ships; Gemma 4's
         tokenizer.save_pretrained(out)          # checkpoints ship its tokenizer.json beside it)

@@ -51,7 +51,7 @@ class OnnxHidden:
         ids = np.asarray(ids, np.int64).reshape(1, -1)
         n = ids.shape[1]
         if self.buf is None or self.buf.capacity < n:
-            self.buf = KvBuffer(len(be.past_names), be.n_kv_heads, be.head_dim, be.kv_dtype, round_up(n))
+            self.buf = KvBuffer(be.kv_shapes, be.kv_dtype, round_up(n))
         states = [np.zeros(shape, np.float32) for shape in be.state_shapes]  # before any token
         out = []
         with be.running() as session:

@@ -113,9 +113,10 @@ class OnnxBackend(OneSequence):
         self.recurrent_layers = len({n.split(".")[1] for n in self.state_names})
         first = inputs[self.past_names[0]]
         self.n_layers = len(self.past_names) // 2
-        self.n_kv_heads, self.head_dim = int(first.shape[1]), int(first.shape[3])
-        # the values one position adds to each KV input (heads x head_dim: layers may differ)
-        self.position_values = sum(int(inputs[n].shape[1]) * int(inputs[n].shape[3]) for n in self.past_names)
+        # each KV input's (heads, head_dim): layers may differ (Gemma 4's global and sliding ones)
+        self.kv_shapes = [(int(inputs[n].shape[1]), int(inputs[n].shape[3])) for n in self.past_names]
+        self.n_kv_heads, self.head_dim = self.kv_shapes[0]  # (the first layer's: what inspect reports)
+        self.position_values = sum(h * d for h, d in self.kv_shapes)  # the values one position adds
         self.kv_dtype = _ORT_DTYPES[first.type]
         self.has_position_ids = "position_ids" in inputs
         self.fused = "seqlens_k" in inputs  # the own fused graph: KV extended in place
@@ -142,7 +143,7 @@ class OnnxBackend(OneSequence):
         self._homes: list[tuple] = []  # (state ref, its home buffer): see _start
         # what a state of this graph is; save_prefix / write_snapshot store KV as prefix_store
         self.format = KvFormat(tuple(self.past_names), tuple(self.state_names), tuple(self.state_shapes),
-                               self.n_kv_heads, self.head_dim, self.kv_dtype, self.position_values, prefix_store)
+                               tuple(self.kv_shapes), self.kv_dtype, self.position_values, prefix_store)
 
     # -- sequences (the engine protocol: restore, copy, forward, free) --------------------
     # A sequence is its past and its length. Fused graph: its own KvBuffer (a prefix is copied
@@ -206,8 +207,7 @@ class OnnxBackend(OneSequence):
             return buf, n
         if state is not None:
             return list(state.kv), n
-        empty = np.zeros((1, self.n_kv_heads, 0, self.head_dim), self.kv_dtype)
-        return [empty] * len(self.past_names), 0
+        return [np.zeros((1, h, 0, d), self.kv_dtype) for h, d in self.kv_shapes], 0
 
     def _home_positions(self, n: int) -> int:
         """The largest buffer a prefix of n positions takes as its home (a bigger spare is
@@ -216,7 +216,7 @@ class OnnxBackend(OneSequence):
 
     def position_bytes(self) -> int:
         """Bytes of KV one position holds (every layer's key and value)."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * np.dtype(self.kv_dtype).itemsize
+        return self.position_values * np.dtype(self.kv_dtype).itemsize
 
     takes_embeddings = False  # the graph takes token ids (a soft prompt: export/soft_prompt.py)
 
@@ -260,7 +260,7 @@ class OnnxBackend(OneSequence):
             buf = min(fits, key=lambda b: b.capacity)
             self._spare.remove(buf)
         else:
-            buf = KvBuffer(len(self.past_names), self.n_kv_heads, self.head_dim, self.kv_dtype, capacity)
+            buf = KvBuffer(self.kv_shapes, self.kv_dtype, capacity)
         buf.busy = True
         return buf
 

@@ -4,9 +4,9 @@ It reads prefix files through the prefix-file codec (bundle/prefixfile.py), chec
 graph (KV shapes and dtype, a hybrid's recurrent states, finite values), writes them back, and
 turns a state into per-layer KV and back (runtime/engines/kv.py).
 
-Prefix file (safetensors): `past_key_values.{i}.key|value` [1, n_kv_heads, P, head_dim] in the
-graph's KV dtype (or stored f16 / q8_0: prefixfile.KV_STORES), a hybrid's recurrent states
-float32 (`past_conv.{i}`, `past_ssm.{i}`), `prefix_ids` [P - n_virtual] int64, and metadata
+Prefix file (safetensors): `past_key_values.{i}.key|value` [1, kv_heads_i, P, head_dim_i] (each
+layer's shape as the graph declares it: Gemma 4's differ) in the graph's KV dtype (or stored f16 /
+q8_0: prefixfile.KV_STORES), a hybrid's recurrent states float32 (`past_conv.{i}`, `past_ssm.{i}`), `prefix_ids` [P - n_virtual] int64, and metadata
 {fingerprint, task, backend, n_virtual}.
 """
 
@@ -51,8 +51,7 @@ class KvFormat:
     past_names: tuple[str, ...]    # the KV inputs, K and V per layer in order
     state_names: tuple[str, ...]   # a hybrid's recurrent state inputs
     state_shapes: tuple[tuple[int, ...], ...]
-    n_kv_heads: int
-    head_dim: int
+    kv_shapes: tuple[tuple[int, int], ...]  # each KV input's (heads, head_dim)
     kv_dtype: type
     position_values: int           # the values one position adds to every KV input
     store: str = "f32"             # how written prefix files store KV (prefixfile.KV_STORES)
@@ -80,8 +79,8 @@ class KvFormat:
         prefixfile.require(tensors, list(self.state_names), where)
         states = [tensors[n] for n in self.state_names]
         n_virtual = prefixfile.n_virtual(meta, where)  # trained positions before the ids
-        want = (1, self.n_kv_heads, n_virtual + len(ids), self.head_dim)
-        for n, t in zip(self.past_names, kv):
+        for n, t, (heads, dim) in zip(self.past_names, kv, self.kv_shapes):
+            want = (1, heads, n_virtual + len(ids), dim)
             if t.shape != want or t.dtype != self.kv_dtype:
                 raise PrefixEdgeError(
                     f"{where}: tensor {n} is {t.dtype}{list(t.shape)}, the model needs "
