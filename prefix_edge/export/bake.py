@@ -129,8 +129,8 @@ def kv_prefix(be, keys: list[np.ndarray], values: list[np.ndarray], m: ModelInfo
                               "its key layout, so it cannot inject a prefix-tuning KV")
     held = lay.kv_layers + lay.window_layers
     sliding = list(m.sliding_layers)
-    if held < len(keys) and m.model_type.startswith("gemma3n"):
-        # Gemma 3n's KV-shared layers hold no KV (llama.cpp: the first n_layer_kv_from_start
+    if held < len(keys) and m.model_type.startswith(("gemma3n", "gemma4")):
+        # Gemma 3n's and 4's KV-shared layers hold no KV (llama.cpp: the first n_layer_kv_from_start
         # do); they read their source layer's, prefix included, as transformers does
         keys, values = keys[:held], values[:held]
         sliding = [i for i in sliding if i < held]

@@ -45,6 +45,10 @@ class Adapter:
     config: dict[str, Any]
     embeddings: np.ndarray     # float32 [V, D]: prompt_embeddings as saved
     sha256: str
+    # a KV adapter on a model whose layers differ in KV shape (Gemma 4): each layer's (KV heads,
+    # head dim) and the shape PEFT provisions every layer's prefix at (check_adapter sets them)
+    layer_shapes: list[tuple[int, int]] | None = None
+    provisioned: tuple[int, int] | None = None
 
     @property
     def n_virtual(self) -> int:
@@ -123,10 +127,34 @@ def check_adapter(a: Adapter, m: ModelInfo, base_names: list[str],
                               "without the per-layer inputs its layers take from token ids, and the "
                               "bundle's graph reads ids (prefix tuning and text tasks work)")
 
+    if (config or {}).get("model_type") in ("gemma4", "gemma4_text") and not a.is_kv:
+        raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is {a.peft_type} on Gemma 4, which "
+                              "prefix-edge does not bake: PEFT gives a prompt-tuned Gemma 4 embeddings, from "
+                              "which transformers cannot find the token ids its per-layer inputs read (it "
+                              "refuses to run it); prefix tuning and text tasks work")
+
     def fits(key: str, got, want, what: str) -> None:
         if got is not None and got != want:
             raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} has {key} = {got}, but the base "
                                   f"model has {want} {what}")
+
+    shapes = layer_kv_shapes(config or {})
+    if a.is_kv and shapes is not None:  # Gemma 4: every layer's prefix at the widest layer's shape
+        heads, dim = provisioned_shape(config)
+        shared = int(config.get("num_kv_shared_layers") or 0)
+        for i, (h, d) in enumerate(shapes[:len(shapes) - shared]):
+            if h > heads or d > dim:  # PEFT gives such a layer no prefix at all: not one sequence
+                raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is provisioned at {heads} KV heads × "
+                                      f"{dim}, which layer {i}'s {h} × {d} does not fit: PEFT leaves that layer "
+                                      "without the prefix, which a bundle cannot hold")
+        a.layer_shapes, a.provisioned = shapes, (heads, dim)
+        V, width = a.embeddings.shape
+        fits("num_virtual_tokens", c.get("num_virtual_tokens"), V, "(rows of its own prompt_embeddings)")
+        fits("num_layers", c.get("num_layers"), m.n_layers, "layers")
+        fits("token_dim", c.get("token_dim"), heads * dim, f"KV heads × head dim at its widest ({heads} × {dim})")
+        fits("prompt_embeddings width", width, m.n_layers * 2 * heads * dim,
+             f"(layers × 2 × KV heads × head dim = {m.n_layers} × 2 × {heads} × {dim})")
+        return
 
     V, width = a.embeddings.shape
     fits("num_virtual_tokens", c.get("num_virtual_tokens"), V,
@@ -171,13 +199,45 @@ def same_model_name(base: str, names: list[str]) -> bool:
 
 def adapter_kv(a: Adapter, m: ModelInfo) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per-layer key and value of a KV adapter, float32 [n_kv_heads, V, head_dim] each (the HF
-    cache layout: keys as PEFT passes them, i.e. un-rotated, in HF's rotate-half dim order)."""
+    cache layout: keys as PEFT passes them, i.e. un-rotated, in HF's rotate-half dim order). A
+    model whose layers differ in KV shape (Gemma 4): each layer's first heads and dims of the
+    provisioned prefix, as PEFT slices it."""
     if not a.is_kv:
         raise PrefixEdgeError(f"{a.where}: {a.peft_type} holds embeddings, not KV")
     V = a.n_virtual
-    x = a.embeddings.reshape(V, 2 * m.n_layers, m.n_kv_heads, m.head_dim).transpose(1, 2, 0, 3)
-    return ([np.ascontiguousarray(x[2 * l]) for l in range(m.n_layers)],
-            [np.ascontiguousarray(x[2 * l + 1]) for l in range(m.n_layers)])
+    heads, dim = a.provisioned or (m.n_kv_heads, m.head_dim)
+    shapes = a.layer_shapes or [(heads, dim)] * m.n_layers
+    x = a.embeddings.reshape(V, 2 * m.n_layers, heads, dim).transpose(1, 2, 0, 3)
+    return ([np.ascontiguousarray(x[2 * l, :h, :, :d]) for l, (h, d) in enumerate(shapes)],
+            [np.ascontiguousarray(x[2 * l + 1, :h, :, :d]) for l, (h, d) in enumerate(shapes)])
+
+
+def layer_kv_shapes(config: dict) -> list[tuple[int, int]] | None:
+    """Each layer's (KV heads, head dim) of a config whose layers differ (Gemma 4's global
+    layers: per_layer_config's overrides, or an older config's global_head_dim and
+    num_global_key_value_heads), or None."""
+    types = config.get("layer_types") or []
+    per, gdim = config.get("per_layer_config"), config.get("global_head_dim")
+    if not types or (not per and gdim is None):
+        return None
+    heads, dim = int(config["num_key_value_heads"]), int(config["head_dim"])
+    if per:
+        return [(int(per.get(str(i), {}).get("num_key_value_heads", heads)), int(per.get(str(i), {}).get("head_dim", dim)))
+                for i in range(len(types))]
+    gheads = int(config.get("num_global_key_value_heads") or heads)
+    return [(heads, dim) if t == "sliding_attention" else (gheads, int(gdim)) for t in types]
+
+
+def provisioned_shape(config: dict) -> tuple[int, int]:
+    """The (KV heads, head dim) PEFT's prefix tuning gives every layer of such a model: the
+    widest layer's (peft.utils.other._prepare_prompt_learning_config)."""
+    if config.get("global_head_dim") is not None:
+        return int(config.get("num_global_key_value_heads") or config["num_key_value_heads"]), int(config["global_head_dim"])
+    heads, dim = int(config["num_key_value_heads"]), int(config["head_dim"])
+    for layer in (config.get("per_layer_config") or {}).values():
+        if int(layer.get("head_dim", dim)) > dim:
+            heads, dim = int(layer.get("num_key_value_heads", config["num_key_value_heads"])), int(layer["head_dim"])
+    return heads, dim
 
 
 def hf_keys_to_llama_cpp(k: np.ndarray) -> np.ndarray:

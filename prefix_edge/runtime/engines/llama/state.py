@@ -258,15 +258,14 @@ class StateFormat:
                   sliding: tuple[int, ...] = (), window: int = 0) -> Prefix:
         """A Prefix of positions 0..n-1 holding `kv` (the inverse of kv_of). `sliding`/`window`:
         which of kv's layers are sliding-window layers, and their window (the model's config):
-        llama.cpp keeps those in a cache of their own (iSWA), the last min(n, window) cells."""
+        llama.cpp keeps those in a cache of their own (iSWA), the last min(n, window) cells. Each
+        layer's rows are as wide as its K and V (Gemma 4's sliding and global heads differ); the
+        blob is walked against the model's own row sizes when it is restored."""
         from ....llamacpp.seqstate_write import build_seq_state
 
         if self.layout.cell_ext:
             raise PrefixEdgeError("this GGUF model's KV cells carry M-RoPE coordinates that KV given as "
                                   "data does not: cannot place it in the model's caches")
-        if self.swa_dims != (self.head_dim, self.head_dim_v):
-            raise PrefixEdgeError("this GGUF model's sliding and global layers have heads of two sizes: "
-                                  "KV given as data cannot be placed in its caches")
         if self.n_swa and (len(sliding) != self.layout.swa_n_layer or window != self.n_swa):
             raise PrefixEdgeError(
                 f"the GGUF model keeps {self.layout.swa_n_layer} sliding-window layers of {self.n_swa} "
