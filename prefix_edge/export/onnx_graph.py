@@ -58,7 +58,9 @@ Supported, each checked against transformers (tests/test_architectures.py):
   own RoPE), Ministral3ForCausalLM (YaRN, the query scaled by position), NemotronHForCausalLM
   (one mixer a layer: Mamba2, squared-ReLU MLP or position-free attention), Lfm3ForCausalLM
   (LFM2's conv layers, full and sliding attention gated per head, sandwich norms),
-  Qwen3_5ForCausalLM and OlmoHybridForCausalLM (Gated DeltaNet layers: export/onnx_deltanet.py).
+  Qwen3_5ForCausalLM and OlmoHybridForCausalLM (Gated DeltaNet layers: export/onnx_deltanet.py),
+  Gemma3nForCausalLM and Gemma4ForCausalLM (decoders of their own: export/onnx_gemma3n.py,
+  export/onnx_gemma4.py; Gemma 4's KV inputs differ in shape between layers).
 RoPE: the cos/sin caches are transformers' own (`ROPE_INIT_FUNCTIONS`: default, linear, llama3,
 yarn with its attention factor); scalings that depend on the sequence length (dynamic,
 longrope) and anything else a model needs that the graph cannot do are one-line refusals naming
