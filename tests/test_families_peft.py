@@ -14,7 +14,7 @@ import pytest
 
 from prefix_edge import Runtime
 
-from .helpers.adapters import make_adapter
+from .helpers.adapters import make_adapter, peft_greedy
 from .helpers.families import build_family
 
 pytestmark = pytest.mark.integration
@@ -68,7 +68,6 @@ def family(request, tmp_path_factory):
 @pytest.mark.parametrize("backend", ["onnx", "gguf"])
 @pytest.mark.parametrize("task", ["tuned", "soft"])
 def test_baked_adapter_is_peft(family, backend, task):
-    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -80,13 +79,7 @@ def test_baked_adapter_is_peft(family, backend, task):
         prefix, _ = rt.prefixes.get(task)
         for text in INPUTS:
             ids = tok.encode(text, add_special_tokens=False)
-            cur, want, first = torch.tensor([ids]), [], None
-            with torch.no_grad():
-                for _ in range(N):
-                    logits = pm(input_ids=cur, attention_mask=torch.ones_like(cur)).logits[0, -1]
-                    first = logits.numpy() if first is None else first
-                    want.append(int(logits.argmax()))
-                    cur = torch.cat([cur, torch.tensor([[want[-1]]])], dim=1)
+            first, want = peft_greedy(pm, ids, N)
             rt.backend.begin(prefix)
             got = rt.backend.prefill(np.array(ids, np.int64))
             assert np.abs(got - first).max() <= ATOL[backend], (kind, backend, task, text, np.abs(got - first).max())

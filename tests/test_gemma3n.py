@@ -246,13 +246,12 @@ def test_prefix_tuning_is_peft_on_both_engines(exported, tmp_path):
     their source layer's, prefix included, as transformers does), so only the 20 KV layers'
     go into the bundle; the first step equals PEFT's (ONNX fp32 to 1e-4, llama.cpp within its
     F16 noise, the argmax unless a near tie), and ONNX's greedy run is PEFT's."""
-    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from prefix_edge.export.build import export_bundle
 
-    from .helpers.adapters import make_adapter
+    from .helpers.adapters import baked_prefix_tuning_is_peft, make_adapter
 
     _, tok, root, _ = exported
     text = _text_dir(root, tmp_path)
@@ -262,23 +261,4 @@ def test_prefix_tuning_is_peft_on_both_engines(exported, tmp_path):
     export_bundle(root / "model", tmp_path / "tasks.toml", tmp_path / "bundle", quantize="none", gguf_quant="f32",
                   progress=False)
     pm = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(text)).eval(), str(tmp_path / "adapter")).eval()
-    for backend, atol in (("onnx", 1e-4), ("gguf", GGUF_TIE)):
-        with Runtime.open(tmp_path / "bundle", backend=backend) as rt:
-            prefix, _ = rt.prefixes.get("tuned")
-            for t in INPUTS:
-                ids = tok.encode(t, add_special_tokens=False)
-                cur, want, first = torch.tensor([ids]), [], None
-                with torch.no_grad():
-                    for _ in range(N):
-                        logits = pm(input_ids=cur, attention_mask=torch.ones_like(cur)).logits[0, -1]
-                        first = logits.numpy() if first is None else first
-                        want.append(int(logits.argmax()))
-                        cur = torch.cat([cur, torch.tensor([[want[-1]]])], dim=1)
-                rt.backend.begin(prefix)
-                got = rt.backend.prefill(np.array(ids, np.int64))
-                d = float(np.abs(got - first).max())
-                top2 = np.sort(first)[-2:]
-                assert d <= atol and (top2[1] - top2[0] <= 2 * d or int(np.argmax(got)) == want[0]), (backend, t, d)
-                if backend == "onnx":  # fp32 all the way: the whole greedy run, up to an EOS
-                    stop = next((i for i, x in enumerate(want) if x in set(rt.manifest.model.eos_token_ids)), N)
-                    assert rt.generate("tuned", t, max_tokens=N, stop=[]).tokens[:stop] == want[:stop], t
+    baked_prefix_tuning_is_peft(tmp_path / "bundle", "tuned", pm, tok, INPUTS, N, GGUF_TIE)

@@ -67,6 +67,19 @@ def kv_sources(layer_types: list[str], n_shared: int) -> list[int]:
     return out
 
 
+def own_attention(b, q: str, k: str, v: str, i: int, p: str, n_heads: int, n_kv: int, window: int,
+                  rope: list[str]) -> str:
+    """Layer i's GroupQueryAttention over its own cache (past/present.{i}), scale 1, rotary
+    inside, the window on a sliding layer: Gemma 3n's and Gemma 4's layers that hold KV."""
+    attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, scale=1.0)
+    if window >= 0:
+        attrs["local_window_size"] = window
+    return b.node("GroupQueryAttention", [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value",
+                                          "seqlens_k", "total_sequence_length", *rope],
+                  [f"/{p}/attn/out", f"present.{i}.key", f"present.{i}.value"], f"/{p}/attn/GroupQueryAttention",
+                  domain="com.microsoft", **attrs)[0]
+
+
 def shared_attention(b, q: str, src: int, window: int, rope: list[str], p: str, n_heads: int, n_kv: int,
                      head_dim: int) -> str:
     """Attention of the new tokens' queries over layer `src`'s cache as that layer's GQA left
@@ -248,13 +261,7 @@ def gemma3n_decoder(b, tc, n_heads: int, n_kv: int, head_dim: int, windows: list
                           f"/{p}/attn/v_norm")
         rope = [f"{t}_cache{'_local' if local[i] else ''}" for t in ("cos", "sin")]
         if sources[i] == i:
-            attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, scale=1.0)
-            if windows[i] >= 0:
-                attrs["local_window_size"] = windows[i]
-            a = node("GroupQueryAttention", [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value",
-                                             "seqlens_k", "total_sequence_length", *rope],
-                     [f"/{p}/attn/out", f"present.{i}.key", f"present.{i}.value"], f"/{p}/attn/GroupQueryAttention",
-                     domain="com.microsoft", **attrs)[0]
+            a = own_attention(b, q, k, v, i, p, n_heads, n_kv, windows[i], rope)
         else:  # KV-shared: attends to its source's cache, no KV of its own (unused weights dropped)
             for t in ("k_proj", "v_proj", "k_norm"):
                 w.pop(f"{p}.self_attn.{t}.weight", None)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_gemma3n import kv_sources, per_layer_inputs, shared_attention
+from .onnx_gemma3n import kv_sources, own_attention, per_layer_inputs, shared_attention
 
 GEMMA4 = "Gemma4ForCausalLM"
 TEXT_LAYERS = ("sliding_attention", "full_attention")
@@ -99,13 +99,7 @@ def gemma4_decoder(b, tc, n_heads: int, windows: list[int], local: list[bool]) -
             k = head_norm(k_raw, f"{p}.self_attn.k_norm.weight", n_kv, d, f"/{p}/attn/k_norm")
             w[f"{p}.self_attn.v_norm.weight"] = np.ones(d, f32)  # v normed without a scale
             v = head_norm(v_raw, f"{p}.self_attn.v_norm.weight", n_kv, d, f"/{p}/attn/v_norm")
-            attrs = dict(num_heads=n_heads, kv_num_heads=n_kv, do_rotary=1, scale=1.0)
-            if windows[i] >= 0:
-                attrs["local_window_size"] = windows[i]
-            a = node("GroupQueryAttention", [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value",
-                                             "seqlens_k", "total_sequence_length", *rope],
-                     [f"/{p}/attn/out", f"present.{i}.key", f"present.{i}.value"], f"/{p}/attn/GroupQueryAttention",
-                     domain="com.microsoft", **attrs)[0]
+            a = own_attention(b, q, k, v, i, p, n_heads, n_kv, windows[i], rope)
         else:  # KV-shared: its source's cache, no KV of its own (unused weights dropped)
             for t in ("k_proj", "v_proj", "k_norm", "v_norm"):
                 w.pop(f"{p}.self_attn.{t}.weight", None)
