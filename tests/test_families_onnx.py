@@ -5,7 +5,9 @@ post-norms; as the family helper builds it, and a 4-layer one with a window of 8
 is global and has no RoPE), Hunyuan dense (per-head q/k norms after the rotary; with the NTK-alpha
 dynamic RoPE real checkpoints ship), ERNIE 4.5 (interleaved rotary, biases everywhere) and the
 hybrids LFM2 (short-convolution layers), Granite 4.0-H (Mamba2 layers, attention without RoPE)
-and Falcon-H1 (Mamba2 beside attention in every layer, its μP multipliers set, two groups):
+and Falcon-H1 (Mamba2 beside attention in every layer, its μP multipliers set, two groups), and
+Gemma 4 (per-layer head sizes; E2B's layout, the larger models' K = V global layers, the dense
+31B's without per-layer inputs or KV sharing):
 - fp32 logits at every position match transformers to 1e-4, stepped one token at a time, in
   chunks and as one prefill, and the greedy tokens agree;
 - a baked chat prefix and a baked text prefix give the first-step logits (1e-5) and the greedy
@@ -58,6 +60,9 @@ CASES = {
     "gemma4-k-eq-v": ("gemma4", dict(attention_k_eq_v=True, num_global_key_value_heads=1, global_head_dim=32,
                                      use_double_wide_mlp=True, final_logit_softcapping=30.0,
                                      random_layer_scalars=True)),
+    # the dense 31B's layout: no per-layer inputs, no KV-shared layers, K = V global layers
+    "gemma4-dense": ("gemma4", dict(hidden_size_per_layer_input=0, num_kv_shared_layers=0, attention_k_eq_v=True,
+                                    num_global_key_value_heads=1, global_head_dim=32)),
     # the hybrids: recurrent layers' states in and out (tests/test_hybrid_onnx.py)
     "lfm2": ("lfm2", {}),
     "granitehybrid": ("granitehybrid", {}),
