@@ -205,3 +205,53 @@ def test_the_head_keeps_drafting_across_a_grown_context(tmp_path_factory):
         assert be.n_ctx_seq > 256
         assert int(lg.argmax()) == greedy[0]
         assert be.mtp_draft(0, greedy[0], len(ids), 3) == greedy[1:4]
+
+
+def _convert(model_dir, out, *extra: str) -> None:
+    """llama.cpp's own converter (the copy export runs) on model_dir, f32, with `extra` flags."""
+    import subprocess
+    import sys
+
+    from prefix_edge.export.llama_convert import converter_dir
+
+    got = subprocess.run([sys.executable, "-m", "prefix_edge.export._run_llama_converter", str(converter_dir()),
+                          str(model_dir), "--outfile", str(out), "--outtype", "f32", *extra],
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr[-2000:]
+
+
+@pytest.mark.integration
+def test_a_head_in_a_file_of_its_own_drafts_as_the_models_own(tmp_path_factory, tmp_path):
+    """llama.cpp's converter can write a model without its head (--no-mtp) and the head alone
+    (--mtp: mtp-*.gguf, its nextn block, embeddings and output): a GGUF source with that file
+    beside it exports it into the bundle (gguf/mtp-head.gguf, hashed with the model), and a
+    runtime opened with mtp_head loads it as a model of its own and drafts from it: the drafts
+    the head inside the model's GGUF gives (all kept, for the agreeing head), answers as "off".
+    A head file of another model is one line, at export and at open."""
+    from prefix_edge.errors import PrefixEdgeError
+    from prefix_edge.export.build import export_bundle
+    from prefix_edge.runtime.engines.llama.engine import LlamaBackend
+
+    model_dir, embedded = _bundle(tmp_path_factory, 0.0)
+    src = tmp_path / "src"
+    src.mkdir()
+    _convert(model_dir, src / "qwen35-trunk.gguf", "--no-mtp")
+    _convert(model_dir, src / "mtp-qwen35.gguf", "--mtp")
+    (tmp_path / "tasks.toml").write_text(TASKS, encoding="utf-8")
+    manifest = export_bundle(src / "qwen35-trunk.gguf", tmp_path / "tasks.toml", tmp_path / "bundle", formats=["gguf"],
+                             progress=False)
+    assert "gguf/mtp-head.gguf" in manifest.backends["gguf"].files
+    off = _answers(embedded, "off", mtp_head=False)
+    own = _answers(embedded, "mtp", mtp_head=True)
+    sibling = _answers(tmp_path / "bundle", "mtp", mtp_head=True)
+    for o, a, b in zip(off, own, sibling):
+        assert b.text == o.text
+        assert (b.stats.drafted_tokens, b.stats.accepted_tokens) == (a.stats.drafted_tokens, a.stats.accepted_tokens)
+    assert sum(b.stats.accepted_tokens for b in sibling) >= len(INPUTS) * 12
+    # a GGUF that is no head as the head: refused at export and when the engine opens it
+    with pytest.raises(PrefixEdgeError, match="is not an MTP head of qwen35-trunk.gguf") as e:
+        export_bundle(src / "qwen35-trunk.gguf", tmp_path / "tasks.toml", tmp_path / "b2", formats=["gguf"],
+                      progress=False, mtp_head=src / "qwen35-trunk.gguf")
+    assert "\n" not in str(e.value) and not (tmp_path / "b2").exists()
+    with pytest.raises(PrefixEdgeError, match="is not this model's"):
+        LlamaBackend(src / "qwen35-trunk.gguf", n_ctx=256, mtp_head=True, mtp_file=src / "qwen35-trunk.gguf")

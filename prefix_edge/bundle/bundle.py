@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import PrefixEdgeError, warn
 from . import prefixfile
 from .created import STORE_DIR, CreatedTask, TaskStore
-from .layout import MANIFEST, confined
+from .layout import MANIFEST, MODEL_FILE, MTP_HEAD, confined
 from .manifest import BackendInfo, Manifest
 from .verify import file_hashes, passed, remember_pass, sha256_file
 
@@ -113,10 +113,16 @@ class Bundle:
 
     def model_file(self, backend: str) -> Path:
         info = self.backend(backend)
-        rel = next((f for f in info.files if f.endswith(MODEL_SUFFIX[backend])), None)
+        rel = MODEL_FILE[backend] if MODEL_FILE[backend] in info.files else \
+            next((f for f in info.files if f.endswith(MODEL_SUFFIX[backend]) and f != MTP_HEAD), None)
         if rel is None:
             raise PrefixEdgeError(f"bundle {self.root}: its {backend} files hold no {MODEL_SUFFIX[backend]} model")
         return self.path(rel)
+
+    def mtp_head_file(self) -> Path | None:
+        """The GGUF model's MTP head as a file of its own (layout.MTP_HEAD), or None."""
+        info = self.manifest.backends.get("gguf")
+        return self.path(MTP_HEAD) if info is not None and MTP_HEAD in info.files else None
 
     @property
     def tokenizer_file(self) -> Path:

@@ -11,6 +11,9 @@ TOKENIZER_DIR = "tokenizer"
 TOKENIZER = "tokenizer/tokenizer.json"
 TASKS_DIR = "tasks"
 MODEL_FILE = {"onnx": "onnx/model.onnx", "gguf": "gguf/model.gguf"}
+# a GGUF model's MTP head as a file of its own (llama.cpp's converter --mtp writes one, mtp-*.gguf,
+# for a model converted without it): copied beside the model by export, loaded for speculative="mtp"
+MTP_HEAD = "gguf/mtp-head.gguf"
 BACKENDS = tuple(MODEL_FILE)  # the backends a bundle may hold, each with its engine (runtime/engines/__init__.py)
 
 

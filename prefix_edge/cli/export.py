@@ -23,6 +23,7 @@ def export(
     onnx_builder: str = typer.Option("own", "--onnx-builder", help="ONNX graph: own (fused GroupQueryAttention graph built from the weights; Llama, Mistral, Qwen2/3, Phi-3, SmolLM3, Granite, Gemma 3) | optimum (optimum's export + ORT fusions; any architecture optimum knows, and CUDA)."),
     gguf_kv: str = typer.Option("f16", "--gguf-kv", help="llama.cpp KV cache type the GGUF prefixes are baked in and the runtime computes in: f16 | q8_0 (half the prefix bytes and KV memory; runs with flash attention; measured: docs/quantization.md)."),
     compress_prefix: Optional[str] = typer.Option(None, "--compress-prefix", help="Compress text tasks' prefixes: RATIO (prefix tokens per kept token, e.g. 2) | auto (per task, the largest of 4, 3, 2, 1.5 that keeps 90% reconstruction agreement) | none. Keeps the tokens the prefix's last tokens attend to most (where every input joins); docs/compression.md."),
+    mtp_head: Optional[Path] = typer.Option(None, "--mtp-head", help="A .gguf model's MTP head GGUF (llama.cpp's converter --mtp writes one, mtp-*.gguf), kept in the bundle for speculative=\"mtp\" (default: the one mtp-*.gguf beside the model that fits it)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing bundle at --out."),
 ) -> None:
     """Export a model and its tasks into a bundle with precomputed task prefixes."""
@@ -35,7 +36,7 @@ def export(
     manifest = export_bundle(model, tasks, out, formats=None if format is None else [f.strip() for f in format.split(",") if f.strip()],
                              quantize=quantize, gguf_quant=gguf_quant, force=force,
                              prefix_store=prefix_store, onnx_builder=onnx_builder, gguf_kv=gguf_kv,
-                             compress_prefix=compress_prefix)
+                             compress_prefix=compress_prefix, mtp_head=mtp_head)
     typer.echo(f"bundle written to {out}")
     typer.echo(json.dumps({n: t.prefix_tokens for n, t in manifest.tasks.items()}) + " prefix tokens")
     for n, t in manifest.tasks.items():

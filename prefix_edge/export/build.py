@@ -35,11 +35,13 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
                   gguf_quant: str | None = None, force: bool = False,
                   progress: bool = True, prefix_store: str = "f32",
                   onnx_builder: str = "own", gguf_kv: str = "f16",
-                  compress_prefix: str | float | None = None) -> Manifest:
+                  compress_prefix: str | float | None = None, mtp_head: Path | None = None) -> Manifest:
     """Build a bundle at `out`. `gguf_quant` None: keep a .gguf source's type, or
     DEFAULT_GGUF_QUANT for an HF source. `gguf_kv`: llama.cpp's KV cache type the GGUF
     prefixes are baked in and the runtime then computes in (f16, or q8_0 with flash attention).
-    `compress_prefix`: a ratio, "auto" or None: text tasks' prefixes compressed (export/compress.py)."""
+    `compress_prefix`: a ratio, "auto" or None: text tasks' prefixes compressed (export/compress.py).
+    `mtp_head`: a .gguf model's MTP head GGUF, kept beside it (default: the one mtp-*.gguf beside
+    the model that fits it; gguf_source.mtp_head_for)."""
     from ..paths import default_tasks_file
     from ..llamacpp.quantize import GGUF_QUANT_CHOICES
     from ..bundle.prefixfile import KV_STORES
@@ -90,7 +92,8 @@ def export_bundle(model: Path | None, tasks_file: Path | None, out: Path,
     try:
         with Stages(progress) as st:
             manifest = _build(Path(model), specs, tmp, formats, quantize, gguf_quant, st,
-                              optional_gguf, prefix_store, onnx_builder, gguf_kv, compress)
+                              optional_gguf, prefix_store, onnx_builder, gguf_kv, compress,
+                              None if mtp_head is None else Path(mtp_head))
             manifest.extra["export_seconds"] = st.timings
             if st.warnings:
                 manifest.extra["warnings"] = list(st.warnings)
@@ -191,7 +194,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: str | None,
            st: Stages, optional_gguf: bool = False, prefix_store: str = "f32",
-           onnx_builder: str = "own", gguf_kv: str = "f16", compress=None) -> Manifest:
+           onnx_builder: str = "own", gguf_kv: str = "f16", compress=None, mtp_head: Path | None = None) -> Manifest:
     from tokenizers import Tokenizer
 
     from ..runtime.decode.constraint import check_task_defaults
@@ -281,7 +284,13 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
             st.warn(f"gguf backend skipped: {e}")
             formats = [f for f in formats if f != "gguf"]
     if "gguf" in formats:
+        from .gguf_source import mtp_head_for
+
+        head = mtp_head_for(model, mtp_head, st.warn)  # (a bad --mtp-head: refused before the copy)
         backends["gguf"] = _gguf_model(model, hf_dir, root / layout.MODEL_FILE["gguf"], gguf_quant, work, st)
+        if head is not None:
+            with st.stage(f"copy MTP head ({head.name})"):
+                shutil.copyfile(head, root / layout.MTP_HEAD)
         if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):
             del backends["gguf"]
             shutil.rmtree(root / layout.model_dir("gguf"))
@@ -335,7 +344,7 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
                 [len(p) + GREEDY for p in probes]) + 8
     for name in backends:
         with st.stage(f"bake task prefixes ({name})", total=len(specs)) as advance:
-            model_file = next(f for f in backends[name].files if f.endswith("." + name))
+            model_file = layout.MODEL_FILE[name]
             options = {"gguf": {"kv_type": gguf_kv},  # the export's choices per engine (its flags)
                        "onnx": {"model_sha256": backends[name].files[model_file],  # keys ORT's session cache
                                 "rope_layout": hf_rope_layout(manifest.model),  # the graph is the HF model's

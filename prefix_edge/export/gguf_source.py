@@ -164,3 +164,51 @@ def check_rope(info: ModelInfo, be) -> None:
         worst = max(worst, float(np.max(np.abs(moved - k[p])) / max(float(np.max(np.abs(k[p]))), 1e-6)))
     be.begin(None)
     info.rope = {**(info.rope or {}), "checked": worst <= 0.01, "check_error": round(worst, 5)}
+
+
+def mtp_head_for(model: Path, given: Path | None, warn) -> Path | None:
+    """The MTP head GGUF to keep beside a GGUF source (llama.cpp's converter with --mtp writes
+    one, mtp-*.gguf, for a model converted without it): `given` (--mtp-head), or the one such
+    file beside the model that fits it; None where the model's GGUF holds its own head or none
+    fits. A given file that does not fit is a one-line error; a file beside it that does not is
+    passed over with a warning line."""
+    from .gguf import gguf_field, gguf_reader
+
+    def facts(path: Path):
+        r = gguf_reader(path)
+        arch = gguf_field(r, "general.architecture")
+        return (arch, gguf_field(r, f"{arch}.embedding_length"), len(gguf_field(r, "tokenizer.ggml.tokens") or ()),
+                int(gguf_field(r, f"{arch}.nextn_predict_layers", 0) or 0))
+
+    if model.suffix != ".gguf":
+        if given is not None:
+            raise PrefixEdgeError("--mtp-head takes the MTP head GGUF of a .gguf model; an HF checkpoint's "
+                                  "head (mtp.*) goes into the bundle's GGUF by itself")
+        return None
+    arch, width, vocab, own = facts(model)
+    if own:
+        if given is not None:
+            warn(f"{model.name} holds its own MTP head: {given.name} is not used")
+        return None
+    beside = [] if given is not None else sorted(p for p in model.parent.glob("mtp-*.gguf") if p != model)
+    fits = []
+    for path in [given] if given is not None else beside:
+        if not path.is_file():
+            raise PrefixEdgeError(f"--mtp-head {path}: no such file")
+        try:
+            got = facts(path)
+        except Exception as e:  # not a GGUF gguf-py can read
+            got = (f"unreadable ({type(e).__name__})", None, 0, 0)
+        if got[:3] == (arch, width, vocab) and got[3] > 0:
+            fits.append(path)
+            continue
+        why = (f"{path.name} is not an MTP head of {model.name}: architecture {got[0]}, width {got[1]}, "
+               f"{got[2]} tokens, {got[3]} MTP layers; the model: {arch}, {width}, {vocab}")
+        if given is not None:
+            raise PrefixEdgeError(why)
+        warn(why)
+    if len(fits) > 1:
+        warn(f"{len(fits)} MTP heads beside {model.name} ({', '.join(p.name for p in fits)}): none kept; "
+             "pass --mtp-head FILE")
+        return None
+    return fits[0] if fits else None

@@ -53,7 +53,7 @@ class LlamaBackend(OneSequence):
                  n_ctx: int = 4096, flash_attn: bool | None = None, n_seq_max: int = 1,
                  n_batch: int | None = None, kv_type: str = "f16", kv_unified: bool = False,
                  max_ctx_seq: int | None = None, adaptive: bool = False, background: bool = False,
-                 window_cache: str = "full", mtp_head: bool = False):
+                 window_cache: str = "full", mtp_head: bool = False, mtp_file: Path | None = None):
         L = self._L = load_llama_cpp()
         # adaptive: `threads` is the most a forward runs; each one runs what the CPUs have free
         # then (cpu_share.py), so the engine never collapses beside another busy process
@@ -81,6 +81,7 @@ class LlamaBackend(OneSequence):
         if not Path(model_path).is_file():
             raise PrefixEdgeError(f"GGUF model not found: {model_path}")
         self.device, self.model_path = device, Path(model_path)
+        self.head_model = None  # an MTP head loaded from a file of its own (mtp_file)
 
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0 if device == "cpu" else -1
@@ -143,7 +144,12 @@ class LlamaBackend(OneSequence):
         # the MTP head drafts where llama.cpp's hidden-state switches exist; a hybrid's recurrent
         # state then keeps snapshots of its last RS_SNAPSHOTS positions, so a rejected draft can
         # be cut back (verifies)
-        funcs = nextn_functions(L) if mp.load_mtp and L.llama_model_n_layer_nextn(self.model) > 0 else None
+        funcs = None
+        if mp.load_mtp:
+            own = L.llama_model_n_layer_nextn(self.model) > 0
+            if not own and mtp_file is not None:  # the head as a file of its own (llama.cpp's --mtp export)
+                self.head_model = self._load_head(Path(mtp_file), mp)
+            funcs = nextn_functions(L) if own or self.head_model else None
         self._spec = ContextSpec(n_seq_max, n_batch or n_ctx, kv_unified, KV_TYPES[kv_type], flash_attn, threads,
                                  swa_full=window_cache == "full",
                                  n_rs_seq=RS_SNAPSHOTS if funcs and hybrid and not self.n_swa else 0)
@@ -176,10 +182,33 @@ class LlamaBackend(OneSequence):
         self.bytes_per_cell = self.format.bytes_per_cell
         if funcs is not None:
             try:
-                self.mtp = MtpHead(self, self.max_ctx_seq, funcs)
+                self.mtp = MtpHead(self, self.max_ctx_seq, funcs, self.head_model or self.model)
             except PrefixEdgeError:
                 self.mtp = None  # no room for the head's context: speculative="mtp" decodes as "off"
             self.adopt_context()
+
+    def _load_head(self, path: Path, mp):
+        """An MTP head GGUF (its nextn block, embeddings and output; no trunk layers) for this
+        model, or a one-line refusal: it must be the same architecture, width and vocabulary."""
+        L = self._L
+        head = native_load(lambda: L.llama_model_load_from_file(str(path).encode(), mp))
+        if not head:
+            self.close()
+            raise PrefixEdgeError(f"cannot load the MTP head {path.name}")
+        arch = self.meta("general.architecture")
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_meta_val_str(head, b"general.architecture", buf, len(buf))
+        theirs = buf.value.decode("utf-8", "replace") if n >= 0 else None
+        got = (theirs, int(L.llama_model_n_embd(head)), int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(head))),
+               int(L.llama_model_n_layer_nextn(head)) > 0)
+        want = (arch, int(L.llama_model_n_embd(self.model)), self.n_vocab, True)
+        if got != want:
+            L.llama_model_free(head)
+            self.close()
+            raise PrefixEdgeError(f"the MTP head {path.name} is not this model's: architecture, width, vocabulary, "
+                                  f"head {got[0]}, {got[1]}, {got[2]}, {got[3]} vs the model's {want[0]}, {want[1]}, "
+                                  f"{want[2]}, {want[3]}")
+        return head
 
     def adopt_context(self) -> None:
         L = self._L
@@ -231,7 +260,9 @@ class LlamaBackend(OneSequence):
         be = cls(model, device=cfg.device, threads=cfg.threads or (1 if background else default_threads()),
                  adaptive=cfg.threads is None and not background, background=background, n_ctx=kv_cells,
                  n_seq_max=n_seq, n_batch=max(512, cfg.prefill_chunk), kv_unified=cfg.shared_kv,
-                 max_ctx_seq=grow_to, window_cache=cfg.window_cache, mtp_head=cfg.mtp_head, **gguf_state_options(bundle.backend("gguf").state))
+                 max_ctx_seq=grow_to, window_cache=cfg.window_cache, mtp_head=cfg.mtp_head,
+                 mtp_file=bundle.mtp_head_file() if cfg.mtp_head else None,
+                 **gguf_state_options(bundle.backend("gguf").state))
         if cfg.shared_kv:
             return Opened(be, ctx, kv_cells, True, request_seqs=tuple(range(1, slots + 1)),
                           resident_seqs=tuple(range(slots + 1, be.n_seq_max)))
@@ -636,6 +667,9 @@ class LlamaBackend(OneSequence):
         if getattr(self, "model", None):
             L.llama_model_free(self.model)
         self.model = None
+        if getattr(self, "head_model", None):
+            L.llama_model_free(self.head_model)
+        self.head_model = None
 
     def __enter__(self):
         return self

@@ -62,10 +62,11 @@ class _Lane:
 
 
 class MtpHead:
-    """The MTP context beside engine `be`'s, one lane per sequence. Touched by the engine's
-    thread only."""
+    """The MTP context beside engine `be`'s, one lane per sequence, made from `model`: the
+    engine's own (its GGUF holds the head) or a head GGUF of its own (llama.cpp's --mtp export).
+    Touched by the engine's thread only."""
 
-    def __init__(self, be, n_ctx_seq: int, funcs):
+    def __init__(self, be, n_ctx_seq: int, funcs, model):
         L = self._L = be._L
         self.be = be
         self.set_nextn, self.get_nextn = funcs
@@ -77,7 +78,7 @@ class MtpHead:
         cp.n_batch = cp.n_ubatch = WINDOW + 1
         cp.no_perf = True
         cp.n_threads = cp.n_threads_batch = be.threads
-        self.ctx = L.llama_init_from_model(be.model, cp)
+        self.ctx = L.llama_init_from_model(model, cp)  # the model's own head, or a head file's (engine.py)
         if not self.ctx:
             raise PrefixEdgeError("cannot create llama.cpp's MTP context for this model's head")
         self.set_nextn(self.ctx, True, True)  # the head's own output row, for the next draft
