@@ -6,7 +6,9 @@ tests/test_families_onnx.py (logits vs transformers, baked == prefilled) and tes
 - PEFT prefix tuning, which PEFT provisions at the widest layer's shape and slices per layer,
   baked on both engines, equals PEFT's own first step and (ONNX) its greedy run;
 - prompt tuning (which transformers cannot run on Gemma 4) and a prefix that a layer does not
-  fit are refused in one line before anything is built."""
+  fit are refused in one line before anything is built;
+- on ONNX, requests decoded together answer as alone, and a conversation's next turn from the
+  prompt cache equals the uncached run."""
 
 from __future__ import annotations
 
@@ -108,3 +110,37 @@ def test_an_adapter_a_bundle_cannot_hold_is_one_line(kind, overrides, says, tmp_
                       gguf_quant="f32", progress=False)
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not (tmp_path / "bundle").exists()
+
+
+def test_concurrent_requests_and_the_next_turn_on_onnx(exported):
+    """On the own graph: four requests of different lengths decoded together (the KV-shared
+    layers' hand-built attention masks each row by its own positions; the buffers hold two KV
+    shapes) give the tokens of each alone; a conversation's next turn from the prompt cache (the
+    first turn's KV, each layer's own shape) equals the uncached run, logprobs bit for bit."""
+    import threading
+
+    _, _, root = exported
+    asks = [("support", INPUTS[0]), ("raw", INPUTS[1]), ("support", INPUTS[1] * 3), ("raw", INPUTS[0] * 2)]
+    with Runtime.open(root / "bundle", backend="onnx", slots=4) as rt:
+        alone = [rt.generate(t, x, max_tokens=N).tokens for t, x in asks]
+        got, errors = {}, []
+
+        def run(k):
+            try:
+                got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=N).tokens
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and [got[k] for k in range(len(asks))] == alone
+        turn = [{"role": "system", "content": "You answer in one line."}, {"role": "user", "content": INPUTS[0]}]
+        first = rt.generate(None, messages=turn, max_tokens=N)
+        turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": INPUTS[1]}]
+        again = rt.generate(None, messages=turn, max_tokens=N, logprobs=2)
+        ref = rt.generate(None, messages=turn, max_tokens=N, logprobs=2, use_prompt_cache=False)
+        assert again.tokens == ref.tokens and again.logprobs == ref.logprobs
+        assert again.stats.cached_tokens >= first.stats.input_tokens > 0, again.stats
