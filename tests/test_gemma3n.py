@@ -27,7 +27,7 @@ from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 
 from .helpers.families import GEMMA3N_TEXT, build_gemma3n, family_tasks
-from .helpers.parity import agree_until_a_near_tie, baked_and_prefilled, three_ways
+from .helpers.parity import agree_until_a_near_tie, baked_and_prefilled, generated_together, three_ways
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
@@ -162,27 +162,12 @@ def test_concurrent_requests_answer_as_alone(exported):
     engines. llama.cpp's Gemma 3n computes a token otherwise beside another sequence's (a batch
     of one token takes another path: 4.6e-4 apart here, enough to flip a near tie), which the
     engine measures at open: its decoding sequences are then forwarded one at a time."""
-    import threading
-
     _, _, root, _ = exported
     asks = [("support", INPUTS[0]), ("raw", INPUTS[1]), ("support", INPUTS[2] * 3), ("raw", INPUTS[0] * 2)]
     for backend in ("onnx", "gguf"):
         with Runtime.open(root / "bundle", backend=backend, slots=4) as rt:
             alone = [rt.generate(t, x, max_tokens=N).tokens for t, x in asks]
-            got, errors = {}, []
-
-            def run(k):
-                try:
-                    got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=N).tokens
-                except Exception as e:  # noqa: BLE001 - reported below
-                    errors.append(e)
-
-            threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
-            assert not errors and [got[k] for k in range(len(asks))] == alone, backend
+            assert generated_together(rt, asks, N) == alone, backend
             assert rt.backend.batches_sequences == (backend == "onnx")
 
 

@@ -19,6 +19,7 @@ from prefix_edge import Runtime
 from prefix_edge.errors import PrefixEdgeError
 
 from .helpers.families import build_family, family_tasks
+from .helpers.parity import generated_together
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("llama_cpp")
@@ -117,26 +118,11 @@ def test_concurrent_requests_and_the_next_turn_on_onnx(exported):
     layers' hand-built attention masks each row by its own positions; the buffers hold two KV
     shapes) give the tokens of each alone; a conversation's next turn from the prompt cache (the
     first turn's KV, each layer's own shape) equals the uncached run, logprobs bit for bit."""
-    import threading
-
     _, _, root = exported
     asks = [("support", INPUTS[0]), ("raw", INPUTS[1]), ("support", INPUTS[1] * 3), ("raw", INPUTS[0] * 2)]
     with Runtime.open(root / "bundle", backend="onnx", slots=4) as rt:
         alone = [rt.generate(t, x, max_tokens=N).tokens for t, x in asks]
-        got, errors = {}, []
-
-        def run(k):
-            try:
-                got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=N).tokens
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors and [got[k] for k in range(len(asks))] == alone
+        assert generated_together(rt, asks, N) == alone
         turn = [{"role": "system", "content": "You answer in one line."}, {"role": "user", "content": INPUTS[0]}]
         first = rt.generate(None, messages=turn, max_tokens=N)
         turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": INPUTS[1]}]

@@ -42,3 +42,26 @@ def agree_until_a_near_tie(ref, got, noise: float) -> None:
             assert best[0] - best[1] <= noise, (i, best)
             return
     assert ref.tokens == got.tokens
+
+
+def generated_together(rt, asks: list[tuple], max_tokens: int) -> list[list[int]]:
+    """Each (task, text) of `asks` generated on `rt` from a thread of its own, all at once (the
+    scheduler batches them): their tokens, in order; an exception in any is raised here."""
+    import threading
+
+    got, errors = {}, []
+
+    def run(k):
+        try:
+            got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=max_tokens).tokens
+        except Exception as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return [got[k] for k in range(len(asks))]
