@@ -187,6 +187,7 @@ def main() -> None:
     ap.add_argument("--prefix-lengths", default="1024,4096")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--peers", action="store_true", help="also the peer baselines (raw llama-cpp-python loop)")
+    ap.add_argument("--format", default=None, help="the export formats for every model (default: FORMATS's, else onnx,gguf)")
     a = ap.parse_args()
     from prefix_edge.paths import default_bundle
 
@@ -202,7 +203,7 @@ def main() -> None:
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "prefix_edge", "export", str(hf), "--tasks",
                             str(work / "tasks.toml"), "--out", str(bundle), "--quantize", "int4",
-                            "--gguf-quant", "q4_1", "--format", FORMATS.get(name, "onnx,gguf"),
+                            "--gguf-quant", "q4_1", "--format", a.format or FORMATS.get(name, "onnx,gguf"),
                             "--force"], check=True)
             export_s = round(time.perf_counter() - t, 1)
         out = work / name / "bench.json"

@@ -289,8 +289,11 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
         head = mtp_head_for(model, mtp_head, st.warn)  # (a bad --mtp-head: refused before the copy)
         backends["gguf"] = _gguf_model(model, hf_dir, root / layout.MODEL_FILE["gguf"], gguf_quant, work, st)
         if head is not None:
+            from ..llamacpp.child import check_mtp_loads
+
             with st.stage(f"copy MTP head ({head.name})"):
                 shutil.copyfile(head, root / layout.MTP_HEAD)
+                check_mtp_loads(root / layout.MTP_HEAD, head.name)  # in a child: an abort is an error line
         if not _llama_runs(root / layout.MODEL_FILE["gguf"], optional_gguf and "onnx" in backends, st):
             del backends["gguf"]
             shutil.rmtree(root / layout.model_dir("gguf"))

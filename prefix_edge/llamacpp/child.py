@@ -37,6 +37,12 @@ def check_loads(path: Path, name: str) -> None:
     _run(["load", str(path)], f"loading {name}")
 
 
+def check_mtp_loads(path: Path, name: str) -> None:
+    """Load the MTP head GGUF at `path` in a child (its MTP layers asked for) and make its MTP
+    context: whatever llama.cpp cannot do with it is a PrefixEdgeError, never an abort here."""
+    _run(["load-mtp", str(path)], f"loading {name}")
+
+
 def tokenize(path: Path, cases: list[tuple[str, bool, bool]], name: str) -> tuple[list[list[int]], list[int], list[int]]:
     """llama.cpp's own tokenizer of the GGUF at `path` (its vocabulary alone) over `cases`, each
     (text, add_special, parse_special), and every token's attributes as llama.cpp reads them
@@ -147,6 +153,21 @@ def _child(argv: list[str]) -> int:
         path = dst
     elif op == "load":
         path = argv[1]
+    elif op == "load-mtp":  # an MTP head of its own: its layers loaded, an MTP context made
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers, mp.load_mtp = 0, True
+        model = L.llama_model_load_from_file(argv[1].encode(), mp)
+        if not model or L.llama_model_n_layer_nextn(model) < 1:
+            print(f"ERROR llama.cpp cannot load {argv[1]} as an MTP head", flush=True)
+            return 3
+        cp = L.llama_context_default_params()
+        cp.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = 64
+        cp.n_threads = cp.n_threads_batch = 1
+        if not L.llama_init_from_model(model, cp):
+            print("ERROR llama.cpp cannot make an MTP context for this head", flush=True)
+            return 3
+        return 0
     else:
         print(f"ERROR unknown operation {op!r}", flush=True)
         return 2

@@ -195,13 +195,9 @@ class LlamaBackend(OneSequence):
         if not head:
             self.close()
             raise PrefixEdgeError(f"cannot load the MTP head {path.name}")
-        arch = self.meta("general.architecture")
-        buf = ctypes.create_string_buffer(256)
-        n = L.llama_model_meta_val_str(head, b"general.architecture", buf, len(buf))
-        theirs = buf.value.decode("utf-8", "replace") if n >= 0 else None
-        got = (theirs, int(L.llama_model_n_embd(head)), int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(head))),
+        got = (self.meta("general.architecture", head), int(L.llama_model_n_embd(head)), int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(head))),
                int(L.llama_model_n_layer_nextn(head)) > 0)
-        want = (arch, int(L.llama_model_n_embd(self.model)), self.n_vocab, True)
+        want = (self.meta("general.architecture"), int(L.llama_model_n_embd(self.model)), self.n_vocab, True)
         if got != want:
             L.llama_model_free(head)
             self.close()
@@ -273,9 +269,10 @@ class LlamaBackend(OneSequence):
     def kv_cells_total(self) -> int:
         return self.n_ctx
 
-    def meta(self, key: str) -> str | None:
+    def meta(self, key: str, model=None) -> str | None:
+        """A metadata value of the model (or of `model`: the MTP head's), or None."""
         buf = ctypes.create_string_buffer(256)
-        n = self._L.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        n = self._L.llama_model_meta_val_str(model or self.model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> np.ndarray:
