@@ -185,3 +185,30 @@ def test_gguf_only_export_reads_no_transformers_and_equals_the_full_path(spm, tm
         for text in ("a brown fox", "日本", "Le renard"):
             assert list(a.encode_input("raw", text)) == list(b.encode_input("raw", text))
             assert a.generate("raw", text).tokens == b.generate("raw", text).tokens, text
+
+
+def test_a_gguf_source_keeps_its_split_where_transformers_class_has_another(tmp_path):
+    """A tiny Qwen3.5 whose tokenizer splits as GPT-2 (llama.cpp's converter writes pre-tokenizer
+    "gpt-2"): transformers 5's Qwen3_5Tokenizer puts Qwen's own split back on load (it reads
+    "\\n\\n" as one piece, llama.cpp as two), so the default export (both engines, transformers
+    reading the GGUF) took that split and then refused the bundle at its tokenizer check. The
+    bundle keeps the GGUF's split: it tokenizes as llama.cpp's own tokenizer of the GGUF."""
+    from tokenizers import Tokenizer
+
+    from prefix_edge.export.build import export_bundle
+    from prefix_edge.export.gguf import convert_hf_to_gguf
+    from prefix_edge.llamacpp.vocab import Vocab
+
+    from .helpers.families import family_tasks
+
+    build_family("qwen3_5", tmp_path / "hf")
+    gguf = tmp_path / "qwen35.gguf"
+    convert_hf_to_gguf(tmp_path / "hf", gguf, "f32")
+    (tmp_path / "tasks.toml").write_text(family_tasks(4), encoding="utf-8")
+    manifest = export_bundle(gguf, tmp_path / "tasks.toml", tmp_path / "bundle", progress=False)
+    assert sorted(manifest.backends) == ["gguf", "onnx"]
+    ours = Tokenizer.from_file(str(tmp_path / "bundle" / "tokenizer" / "tokenizer.json"))
+    with Vocab(gguf) as vocab:
+        assert ours.encode("nuit\n\nEnglish:", add_special_tokens=False).ids == vocab.tokenize("nuit\n\nEnglish:", False, True)
+        pieces = [vocab.piece(i).decode("utf-8", "replace") for i in range(0, 400, 3)]
+        assert _differences(ours, vocab, _texts(2, 200, pieces)) == []

@@ -227,6 +227,9 @@ def _build(model: Path, specs, root: Path, formats, quantize: str, gguf_quant: s
                 raise PrefixEdgeError(f"{model}: needs a fast tokenizer (tokenizer.json)")
             # tokenizer.json only: a slow tokenizer's vocab file of a GGUF source is the whole model
             tok.save_pretrained(str(root / layout.TOKENIZER_DIR), legacy_format=False)
+            if model.suffix == ".gguf":  # the GGUF's split as llama.cpp's (source.py wrote it): transformers
+                # 5's tokenizer class for the architecture puts its own pre-tokenizer back on load
+                shutil.copyfile(hf_dir / "tokenizer.json", root / layout.TOKENIZER)
             info = model_info(hf_dir, source=model.name, eos_token_ids=eos_ids(hf_dir, tok))
         chat_template = tok.chat_template if isinstance(tok.chat_template, str) else \
             (tok.chat_template or {}).get("default")
