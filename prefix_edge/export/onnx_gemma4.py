@@ -64,21 +64,13 @@ def layer_dims(tc) -> list[tuple[int, int]]:
 
 def gemma4_decoder(b, tc, n_heads: int, windows: list[int], local: list[bool]) -> str:
     """Nodes from input_ids to the final norm's output, whose name it returns; `b` the builder
-    (w, init, node, linear, norm, eps, positions), `tc` the text config (gemma4_config)."""
-    w, init, node, linear, norm = b.w, b.init, b.node, b.linear, b.norm
+    (w, init, node, linear, norm, head_norm, positions), `tc` the text config (gemma4_config)."""
+    w, init, node, linear, norm, head_norm = b.w, b.init, b.node, b.linear, b.norm, b.head_norm
     hidden, n_layers = int(tc.hidden_size), int(tc.num_hidden_layers)
     ple = int(tc.hidden_size_per_layer_input or 0)
     sources = kv_sources(list(tc.layer_types), int(tc.num_kv_shared_layers or 0))
     dims = layer_dims(tc)
     f32 = np.float32
-
-    def head_norm(x: str, weight: str, heads: int, d: int, name: str) -> str:
-        shaped = node("Reshape", [x, init(name + "/shape", np.array([0, 0, heads, d], np.int64))], [name + "/heads"],
-                      name + "/Reshape")
-        normed = node("SimplifiedLayerNormalization", [shaped, init(weight, w[weight])], [name + "/normed"],
-                      name + "/Norm", axis=-1, epsilon=b.eps)
-        return node("Reshape", [normed, init(name + "/flat", np.array([0, 0, heads * d], np.int64))], [name + "/out"],
-                    name + "/Flatten")
 
     x = node("Gather", [init("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"],
              ["/model/embed_tokens/out"], "/model/embed_tokens/Gather")
@@ -90,15 +82,15 @@ def gemma4_decoder(b, tc, n_heads: int, windows: list[int], local: list[bool]) -
         n_kv, d = dims[i]
         h = norm(x, f"{p}.input_layernorm.weight", f"/{p}/ln1")
         q = head_norm(linear(h, [f"{p}.self_attn.q_proj"], f"/{p}/attn/q_proj"), f"{p}.self_attn.q_norm.weight",
-                      n_heads, d, f"/{p}/attn/q_norm")
+                      n_heads, f"/{p}/attn/q_norm", d)
         rope = [f"{t}_cache{'_local' if local[i] else ''}" for t in ("cos", "sin")]
         if sources[i] == i:
             k_raw = linear(h, [f"{p}.self_attn.k_proj"], f"/{p}/attn/k_proj")
             v_raw = (linear(h, [f"{p}.self_attn.v_proj"], f"/{p}/attn/v_proj") if f"{p}.self_attn.v_proj.weight" in w
                      else k_raw)  # attention_k_eq_v: the values are the keys' projection
-            k = head_norm(k_raw, f"{p}.self_attn.k_norm.weight", n_kv, d, f"/{p}/attn/k_norm")
+            k = head_norm(k_raw, f"{p}.self_attn.k_norm.weight", n_kv, f"/{p}/attn/k_norm", d)
             w[f"{p}.self_attn.v_norm.weight"] = np.ones(d, f32)  # v normed without a scale
-            v = head_norm(v_raw, f"{p}.self_attn.v_norm.weight", n_kv, d, f"/{p}/attn/v_norm")
+            v = head_norm(v_raw, f"{p}.self_attn.v_norm.weight", n_kv, f"/{p}/attn/v_norm", d)
             a = own_attention(b, q, k, v, i, p, n_heads, n_kv, windows[i], rope)
         else:  # KV-shared: its source's cache, no KV of its own (unused weights dropped)
             for t in ("k_proj", "v_proj", "k_norm", "v_norm"):

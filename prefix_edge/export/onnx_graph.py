@@ -249,13 +249,15 @@ def build_onnx(hf_dir: Path, out_dir: Path) -> Path:
         return node("SimplifiedLayerNormalization", [x, init(weight, w[weight])], [name + "/out"], name,
                     axis=-1, epsilon=eps)
 
-    def head_norm(x: str, weight: str, heads: int, name: str) -> str:
-        """RMSNorm over each head's head_dim values (Qwen3's and Gemma 3's q_norm / k_norm)."""
-        shaped = node("Reshape", [x, init(name + "/shape", np.array([0, 0, heads, head_dim], np.int64))],
+    def head_norm(x: str, weight: str, heads: int, name: str, dim: int | None = None) -> str:
+        """RMSNorm over each head's values (Qwen3's and Gemma 3's q_norm / k_norm); `dim` the
+        layer's head size where it is not head_dim (Gemma 4's global layers)."""
+        dim = dim or head_dim
+        shaped = node("Reshape", [x, init(name + "/shape", np.array([0, 0, heads, dim], np.int64))],
                       [name + "/heads"], name + "/Reshape")
         normed = node("SimplifiedLayerNormalization", [shaped, init(weight, w[weight])], [name + "/normed"],
                       name + "/Norm", axis=-1, epsilon=eps)
-        return node("Reshape", [normed, init(name + "/flat", np.array([0, 0, heads * head_dim], np.int64))],
+        return node("Reshape", [normed, init(name + "/flat", np.array([0, 0, heads * dim], np.int64))],
                     [name + "/out"], name + "/Flatten")
 
     def attention(h: str, p: str, i: int) -> str:

@@ -138,24 +138,6 @@ def check_adapter(a: Adapter, m: ModelInfo, base_names: list[str],
             raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} has {key} = {got}, but the base "
                                   f"model has {want} {what}")
 
-    shapes = layer_kv_shapes(config or {})
-    if a.is_kv and shapes is not None:  # Gemma 4: every layer's prefix at the widest layer's shape
-        heads, dim = provisioned_shape(config)
-        shared = int(config.get("num_kv_shared_layers") or 0)
-        for i, (h, d) in enumerate(shapes[:len(shapes) - shared]):
-            if h > heads or d > dim:  # PEFT gives such a layer no prefix at all: not one sequence
-                raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is provisioned at {heads} KV heads × "
-                                      f"{dim}, which layer {i}'s {h} × {d} does not fit: PEFT leaves that layer "
-                                      "without the prefix, which a bundle cannot hold")
-        a.layer_shapes, a.provisioned = shapes, (heads, dim)
-        V, width = a.embeddings.shape
-        fits("num_virtual_tokens", c.get("num_virtual_tokens"), V, "(rows of its own prompt_embeddings)")
-        fits("num_layers", c.get("num_layers"), m.n_layers, "layers")
-        fits("token_dim", c.get("token_dim"), heads * dim, f"KV heads × head dim at its widest ({heads} × {dim})")
-        fits("prompt_embeddings width", width, m.n_layers * 2 * heads * dim,
-             f"(layers × 2 × KV heads × head dim = {m.n_layers} × 2 × {heads} × {dim})")
-        return
-
     V, width = a.embeddings.shape
     fits("num_virtual_tokens", c.get("num_virtual_tokens"), V,
          "(rows of its own prompt_embeddings)")
@@ -164,13 +146,27 @@ def check_adapter(a: Adapter, m: ModelInfo, base_names: list[str],
                               f"{c['num_transformer_submodules']} (an encoder-decoder adapter); the "
                               "base model is a decoder-only causal LM")
     fits("num_layers", c.get("num_layers"), m.n_layers, "layers")
+    shapes = layer_kv_shapes(config or {})
+    if a.is_kv and shapes is not None:  # Gemma 4: every layer's prefix at one shape, PEFT's widest
+        heads, token_dim = c.get("num_attention_heads"), c.get("token_dim")  # as PEFT provisioned it
+        if not isinstance(heads, int) or not isinstance(token_dim, int) or heads < 1 or token_dim % heads:
+            raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} does not say the KV shape it was "
+                                  f"provisioned at (num_attention_heads {heads}, token_dim {token_dim})")
+        dim = token_dim // heads
+        shared = int(config.get("num_kv_shared_layers") or 0)
+        for i, (h, d) in enumerate(shapes[:len(shapes) - shared]):
+            if h > heads or d > dim:  # PEFT gives such a layer no prefix at all: not one sequence
+                raise PrefixEdgeError(f"{a.where}: adapter {a.path.name} is provisioned at {heads} KV heads × "
+                                      f"{dim}, which layer {i}'s {h} × {d} does not fit: PEFT leaves that layer "
+                                      "without the prefix, which a bundle cannot hold")
+        a.layer_shapes, a.provisioned = shapes, (heads, dim)
+    elif a.is_kv:
+        heads, dim = m.n_kv_heads, m.head_dim
+        fits("token_dim", c.get("token_dim"), heads * dim, f"KV heads × head dim ({heads} × {dim})")
+        fits("num_attention_heads", c.get("num_attention_heads"), heads, "KV heads")
     if a.is_kv:
-        kv_dim = m.n_kv_heads * m.head_dim
-        fits("token_dim", c.get("token_dim"), kv_dim,
-             f"KV heads × head dim ({m.n_kv_heads} × {m.head_dim})")
-        fits("num_attention_heads", c.get("num_attention_heads"), m.n_kv_heads, "KV heads")
-        fits("prompt_embeddings width", width, m.n_layers * 2 * kv_dim,
-             f"(layers × 2 × KV heads × head dim = {m.n_layers} × 2 × {m.n_kv_heads} × {m.head_dim})")
+        fits("prompt_embeddings width", width, m.n_layers * 2 * heads * dim,
+             f"(layers × 2 × KV heads × head dim = {m.n_layers} × 2 × {heads} × {dim})")
     else:
         fits("token_dim", c.get("token_dim"), m.hidden_size, "as hidden size")
         fits("prompt_embeddings width", width, m.hidden_size, "as hidden size")
@@ -226,18 +222,6 @@ def layer_kv_shapes(config: dict) -> list[tuple[int, int]] | None:
                 for i in range(len(types))]
     gheads = int(config.get("num_global_key_value_heads") or heads)
     return [(heads, dim) if t == "sliding_attention" else (gheads, int(gdim)) for t in types]
-
-
-def provisioned_shape(config: dict) -> tuple[int, int]:
-    """The (KV heads, head dim) PEFT's prefix tuning gives every layer of such a model: the
-    widest layer's (peft.utils.other._prepare_prompt_learning_config)."""
-    if config.get("global_head_dim") is not None:
-        return int(config.get("num_global_key_value_heads") or config["num_key_value_heads"]), int(config["global_head_dim"])
-    heads, dim = int(config["num_key_value_heads"]), int(config["head_dim"])
-    for layer in (config.get("per_layer_config") or {}).values():
-        if int(layer.get("head_dim", dim)) > dim:
-            heads, dim = int(layer.get("num_key_value_heads", config["num_key_value_heads"])), int(layer["head_dim"])
-    return heads, dim
 
 
 def hf_keys_to_llama_cpp(k: np.ndarray) -> np.ndarray:
