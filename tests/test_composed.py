@@ -15,7 +15,6 @@ place. Not exact by design, so what is asserted is what must hold anyway:
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +27,7 @@ from prefix_edge.options import OptionError
 from prefix_edge.runtime.engines import open_backend
 from prefix_edge.runtime.engines.kv import Rope, shift_keys
 
+from .helpers.parity import in_threads
 from .helpers.served import KEY, client, local, server  # noqa: F401 (fixtures: a served tiny bundle)
 
 BACKENDS = ["onnx", "gguf"]
@@ -249,22 +249,7 @@ def test_threads_a_small_cache_and_a_cancelled_composition_change_no_answer(bund
     with Runtime.open(bundle_int4, backend=backend, document_cache_bytes=30_000) as rt:
         s = rt.stream(None, messages=ASK, documents=DOCS * 2, compose_documents=True, max_tokens=8)
         s.cancel()
-        got: dict[int, list] = {}
-        errors = []
-
-        def ask(i):
-            try:
-                for _ in range(2):
-                    got.setdefault(i, []).append(_composed(rt, orders[i], k=4).tokens)
-            except Exception as e:  # pragma: no cover - reported below
-                errors.append(e)
-
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(orders))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors
+        got = in_threads([lambda o=o: [_composed(rt, o, k=4).tokens for _ in range(2)] for o in orders])
         assert all(got[i] == [want[i], want[i]] for i in range(len(orders)))
         info = rt.engine_info()["document_cache"]
         assert info["bytes"] <= 30_000 and rt.engine_info()["document_cache"]["evictions"] > 0

@@ -44,24 +44,30 @@ def agree_until_a_near_tie(ref, got, noise: float) -> None:
     assert ref.tokens == got.tokens
 
 
-def generated_together(rt, asks: list[tuple], max_tokens: int) -> list[list[int]]:
-    """Each (task, text) of `asks` generated on `rt` from a thread of its own, all at once (the
-    scheduler batches them): their tokens, in order; an exception in any is raised here."""
+def in_threads(calls: list) -> list:
+    """Each of `calls` (no-argument callables) run from a thread of its own, all at once: their
+    results, in order; an exception in any is raised here."""
     import threading
 
     got, errors = {}, []
 
     def run(k):
         try:
-            got[k] = rt.generate(asks[k][0], asks[k][1], max_tokens=max_tokens).tokens
+            got[k] = calls[k]()
         except Exception as e:  # noqa: BLE001 - raised below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(asks))]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     if errors:
         raise errors[0]
-    return [got[k] for k in range(len(asks))]
+    return [got[k] for k in range(len(calls))]
+
+
+def generated_together(rt, asks: list[tuple], max_tokens: int) -> list[list[int]]:
+    """Each (task, text) of `asks` generated on `rt` from a thread of its own, all at once (the
+    scheduler batches them): their tokens, in order."""
+    return in_threads([lambda t=t, x=x: rt.generate(t, x, max_tokens=max_tokens).tokens for t, x in asks])
